@@ -1,0 +1,28 @@
+# Every target bootstraps .venv on first use. TORCH_SPEC pins the torch build;
+# on a machine that keeps a CPU wheel locally `torch==2.13.0` comes from disk.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install test lint verify clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test,dev]"
+	touch $@
+
+test: $(STAMP)
+	$(PY) -m pytest -n auto $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m ruff check cp_blocktables tests launch
+	$(PY) -m ruff format --check cp_blocktables tests launch
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
