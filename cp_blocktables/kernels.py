@@ -31,6 +31,15 @@ def _on_cpu(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def _search_steps(n: int) -> int:
+    """Binary-search iterations for `n` segments, rounded up to a multiple of 4.
+
+    Loop bounds are compile-time constants (some Triton interpreters cannot
+    loop over a runtime scalar); rounding keeps the number of variants small.
+    """
+    return -(-n.bit_length() // 4) * 4
+
+
 # ---------------------------------------------------------------- staged writes
 
 
@@ -45,7 +54,7 @@ def _apply_writes_kernel(
     contents,  # [num_elems]
     num_writes,
     num_elems,
-    search_steps,
+    SEARCH_STEPS: tl.constexpr,
     FUSED: tl.constexpr,
     TILE: tl.constexpr,
 ):
@@ -54,7 +63,7 @@ def _apply_writes_kernel(
     # Binary search: the write w with cu_lens[w - 1] <= e < cu_lens[w].
     lo = tl.full([TILE], 0, dtype=tl.int32)
     hi = lo + num_writes
-    for _ in range(search_steps):
+    for _ in range(SEARCH_STEPS):
         mid = (lo + hi) // 2
         active = lo < hi
         end = tl.load(cu_lens + mid, mask=live & active, other=0)
@@ -94,7 +103,7 @@ def apply_writes(
     _apply_writes_kernel.launch(
         dst.device, (triton.cdiv(num_elems, tile),),
         dst, stride, rows, rows, starts, cu_lens, contents,
-        num_writes, num_elems, num_writes.bit_length(), FUSED=False, TILE=tile,
+        num_writes, num_elems, SEARCH_STEPS=_search_steps(num_writes), FUSED=False, TILE=tile,
     )
 
 
@@ -116,7 +125,7 @@ def apply_fused_writes(
     _apply_writes_kernel.launch(
         device, (triton.cdiv(num_elems, tile),),
         dst_ptrs, dst_strides, tensor_ids, rows, starts, cu_lens, contents,
-        num_writes, num_elems, num_writes.bit_length(), FUSED=True, TILE=tile,
+        num_writes, num_elems, SEARCH_STEPS=_search_steps(num_writes), FUSED=True, TILE=tile,
     )
 
 
@@ -139,6 +148,7 @@ def _gather_block_tables_kernel(
     block_sizes,  # int64 [num_groups]
     reaches,  # int64 [num_groups] sliding-window reach, 0 = no masking
     num_computed_tokens,  # [max_num_reqs] (MASK_WINDOW only)
+    MAX_WIDTH: tl.constexpr,  # columns of the widest table
     MASK_WINDOW: tl.constexpr,
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
@@ -163,7 +173,7 @@ def _gather_block_tables_kernel(
         computed = tl.load(num_computed_tokens + r, mask=real, other=0)
         # Entry j is dead when (j + 1) * block_size <= computed - reach.
         live_from = tl.where(reach > 0, computed.to(tl.int64) - reach, -1)
-    for c0 in range(0, width, COLS):
+    for c0 in range(0, MAX_WIDTH, COLS):
         cols = c0 + tl.arange(0, COLS)  # [COLS]
         m = cols[None, :] < row_len[:, None]  # [ROWS, COLS]
         v = tl.load(src + r[:, None] * src_stride + cols[None, :], mask=m & real[:, None], other=0)
@@ -208,7 +218,7 @@ def gather_block_tables(
         src_ptrs, src_strides, dst_ptrs, dst_strides, widths,
         num_blocks, num_blocks.stride(0), block_sizes, reaches,
         num_computed_tokens if mask_window else idx_mapping,
-        MASK_WINDOW=mask_window, ROWS=rows, COLS=cols,
+        MAX_WIDTH=max_width, MASK_WINDOW=mask_window, ROWS=rows, COLS=cols,
     )
 
 
@@ -229,13 +239,13 @@ def _compute_slot_mappings_kernel(
     block_sizes,  # int64 [num_groups]
     group_cp_sizes,  # int64 [num_groups]: cp_size if DCP-sharded else 1
     enabled,  # int32 [num_groups]: slot mapping enabled
-    num_groups,
     cp_rank,
     cp_interleave,
     out,  # int64 [num_groups, out_len]
     out_stride,
     out_len,
-    search_steps,
+    NUM_GROUPS: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
     PAD_ID: tl.constexpr,
     TILE: tl.constexpr,
 ):
@@ -246,7 +256,7 @@ def _compute_slot_mappings_kernel(
     # Binary search: the batch entry b with qsl[b] <= t < qsl[b + 1].
     lo = tl.full([TILE], 0, dtype=tl.int32)
     hi = lo + num_reqs
-    for _ in range(search_steps):
+    for _ in range(SEARCH_STEPS):
         mid = (lo + hi) // 2
         active = lo < hi
         end = tl.load(query_start_loc + mid + 1, mask=real & active, other=0)
@@ -256,7 +266,7 @@ def _compute_slot_mappings_kernel(
     r = tl.load(idx_mapping + lo, mask=real, other=-1).to(tl.int64)
     owned = real & (r >= 0) & (r < max_num_reqs)
     p = tl.load(positions + t, mask=owned, other=0).to(tl.int64)
-    for g in range(num_groups):
+    for g in range(NUM_GROUPS):
         block_size = tl.load(block_sizes + g)
         cp = tl.load(group_cp_sizes + g)
         virtual = block_size * cp
@@ -302,6 +312,7 @@ def compute_slot_mappings(
         device, (triton.cdiv(out_len, tile),) if num_groups else (0,),
         idx_mapping, num_reqs, max_num_reqs, query_start_loc, positions, positions.shape[0],
         table_ptrs, table_strides, widths, block_sizes, group_cp_sizes, enabled,
-        num_groups, cp_rank, cp_interleave, out, out.stride(0), out_len,
-        num_reqs.bit_length(), PAD_ID=PAD_SLOT_ID, TILE=tile,
+        cp_rank, cp_interleave, out, out.stride(0), out_len,
+        NUM_GROUPS=num_groups, SEARCH_STEPS=_search_steps(max_num_reqs), PAD_ID=PAD_SLOT_ID,
+        TILE=tile,
     )
