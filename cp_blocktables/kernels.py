@@ -101,9 +101,20 @@ def apply_writes(
     # grid: (cdiv(num_elems, TILE),); one program writes TILE content elements,
     # each finding its write by binary search over cu_lens.
     _apply_writes_kernel.launch(
-        dst.device, (triton.cdiv(num_elems, tile),),
-        dst, stride, rows, rows, starts, cu_lens, contents,
-        num_writes, num_elems, SEARCH_STEPS=_search_steps(num_writes), FUSED=False, TILE=tile,
+        dst.device,
+        (triton.cdiv(num_elems, tile),),
+        dst,
+        stride,
+        rows,
+        rows,
+        starts,
+        cu_lens,
+        contents,
+        num_writes,
+        num_elems,
+        SEARCH_STEPS=_search_steps(num_writes),
+        FUSED=False,
+        TILE=tile,
     )
 
 
@@ -123,9 +134,20 @@ def apply_fused_writes(
     # grid: (cdiv(num_elems, TILE),); one program writes TILE content elements
     # of any destination, loading that tensor's pointer and stride.
     _apply_writes_kernel.launch(
-        device, (triton.cdiv(num_elems, tile),),
-        dst_ptrs, dst_strides, tensor_ids, rows, starts, cu_lens, contents,
-        num_writes, num_elems, SEARCH_STEPS=_search_steps(num_writes), FUSED=True, TILE=tile,
+        device,
+        (triton.cdiv(num_elems, tile),),
+        dst_ptrs,
+        dst_strides,
+        tensor_ids,
+        rows,
+        starts,
+        cu_lens,
+        contents,
+        num_writes,
+        num_elems,
+        SEARCH_STEPS=_search_steps(num_writes),
+        FUSED=True,
+        TILE=tile,
     )
 
 
@@ -213,12 +235,26 @@ def gather_block_tables(
     # grid: (cdiv(num_rows, ROWS), num_groups); one program fills ROWS
     # destination rows of one group, COLS columns at a time.
     _gather_block_tables_kernel.launch(
-        device, (triton.cdiv(num_rows, rows), num_groups),
-        idx_mapping, idx_mapping.shape[0], num_rows, max_num_reqs,
-        src_ptrs, src_strides, dst_ptrs, dst_strides, widths,
-        num_blocks, num_blocks.stride(0), block_sizes, reaches,
+        device,
+        (triton.cdiv(num_rows, rows), num_groups),
+        idx_mapping,
+        idx_mapping.shape[0],
+        num_rows,
+        max_num_reqs,
+        src_ptrs,
+        src_strides,
+        dst_ptrs,
+        dst_strides,
+        widths,
+        num_blocks,
+        num_blocks.stride(0),
+        block_sizes,
+        reaches,
         num_computed_tokens if mask_window else idx_mapping,
-        MAX_WIDTH=max_width, MASK_WINDOW=mask_window, ROWS=rows, COLS=cols,
+        MAX_WIDTH=max_width,
+        MASK_WINDOW=mask_window,
+        ROWS=rows,
+        COLS=cols,
     )
 
 
@@ -309,10 +345,27 @@ def compute_slot_mappings(
     # grid: (cdiv(out_len, TILE),); one program maps TILE tokens of the buffer
     # for every group, finding each token's request by binary search.
     _compute_slot_mappings_kernel.launch(
-        device, (triton.cdiv(out_len, tile),) if num_groups else (0,),
-        idx_mapping, num_reqs, max_num_reqs, query_start_loc, positions, positions.shape[0],
-        table_ptrs, table_strides, widths, block_sizes, group_cp_sizes, enabled,
-        cp_rank, cp_interleave, out, out.stride(0), out_len,
-        NUM_GROUPS=num_groups, SEARCH_STEPS=_search_steps(max_num_reqs), PAD_ID=PAD_SLOT_ID,
+        device,
+        (triton.cdiv(out_len, tile),) if num_groups else (0,),
+        idx_mapping,
+        num_reqs,
+        max_num_reqs,
+        query_start_loc,
+        positions,
+        positions.shape[0],
+        table_ptrs,
+        table_strides,
+        widths,
+        block_sizes,
+        group_cp_sizes,
+        enabled,
+        cp_rank,
+        cp_interleave,
+        out,
+        out.stride(0),
+        out_len,
+        NUM_GROUPS=num_groups,
+        SEARCH_STEPS=_search_steps(max_num_reqs),
+        PAD_ID=PAD_SLOT_ID,
         TILE=tile,
     )
