@@ -337,6 +337,12 @@ class BlockTables:
             return self.device.type == "cpu"
         return self.validate_inputs
 
+    def _on_my_device(self, t: torch.Tensor) -> bool:
+        """`cuda` (no index) matches any CUDA tensor; the caller set the current device."""
+        if self.device.type == "cuda" and self.device.index is None:
+            return t.is_cuda
+        return t.device == self.device
+
     def _check_index_tensor(
         self, name: str, t: object, exact_len: int | None = None, min_len: int = 0
     ) -> int:
@@ -348,9 +354,7 @@ class BlockTables:
                 f"{name} must be a 1-D int32 or int64 tensor, got "
                 f"{t.dtype} of shape {tuple(t.shape)}"
             )
-        if t.device != self.device and not (
-            t.device.type == self.device.type == "cuda" and self.device.index is None
-        ):
+        if not self._on_my_device(t):
             raise ValueError(f"{name} is on {t.device}, BlockTables on {self.device}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
@@ -426,7 +430,7 @@ class BlockTables:
                 or t.shape[0] < rows
                 or t.shape[1] < width
                 or t.stride(1) != 1
-                or t.device != self.device
+                or not self._on_my_device(t)
             ):
                 raise ValueError(
                     f"out[{g}] must be an int32 [>= {rows}, >= {width}] tensor "
@@ -439,7 +443,7 @@ class BlockTables:
         if (
             out.dtype != torch.int64
             or out.dim() != 2
-            or out.device != self.device
+            or not self._on_my_device(out)
             or out.shape[0] != self.num_kv_cache_groups
             or out.stride(1) != 1
         ):

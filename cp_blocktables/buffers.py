@@ -52,6 +52,8 @@ def uva_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     Under unified addressing a pinned allocation's device address equals its
     host address, so the view's `data_ptr()` is the host buffer's.
     """
+    if host.numel() == 0:  # nothing to alias: an empty allocation is never pinned
+        return torch.empty(host.shape, dtype=host.dtype, device=device)
     assert host.is_pinned() and host.is_contiguous()
     return torch.as_tensor(_CudaArrayView(host), device=device)
 
