@@ -116,11 +116,10 @@ class TorchBlockTables:
             self._iota = torch.arange(n, dtype=torch.int64, device=self.device)
         return self._iota[:n]
 
-    def _upload(self, host: np.ndarray) -> torch.Tensor:
+    def _staging(self, host: np.ndarray) -> torch.Tensor:
+        """`host` as a tensor a device copy can read asynchronously (pinned on CUDA)."""
         t = torch.from_numpy(host)
-        if self.device.type == "cuda":
-            return t.pin_memory().to(self.device, non_blocking=True)
-        return t.to(self.device)
+        return t.pin_memory() if self.device.type == "cuda" else t
 
     # ------------------------------------------------------------ slot mappings
 
@@ -227,7 +226,8 @@ class TorchBlockTables:
             (g, s.flatten(self.tables[g].stride(0))) for g, s in enumerate(self._staged) if s.rows
         ]
         if flats:
-            writes = self._upload(np.concatenate([f for _, f in flats], axis=1))  # [2, elems]
+            writes = self._staging(np.concatenate([f for _, f in flats], axis=1))  # [2, elems]
+            writes = writes.to(self.device, non_blocking=True)
             lo = 0
             for g, f in flats:
                 hi = lo + f.shape[1]
@@ -236,4 +236,4 @@ class TorchBlockTables:
                 lo = hi
         for s in self._staged:
             s.clear()
-        self.num_blocks.copy_(self._upload(self._num_blocks_host), non_blocking=True)
+        self.num_blocks.copy_(self._staging(self._num_blocks_host), non_blocking=True)
