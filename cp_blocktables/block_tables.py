@@ -145,6 +145,13 @@ class BlockTables:
             self.sliding_window_reach, torch.int64
         )
         self._max_width = max((t.shape[1] for t in tables), default=1)
+        self._max_span = max(
+            (
+                t.shape[1] * bs * cfg.group_cp_size(g)
+                for g, (t, bs) in enumerate(zip(tables, cfg.block_sizes))
+            ),
+            default=0,
+        )
 
     # ------------------------------------------------------------ writes
 
@@ -317,6 +324,7 @@ class BlockTables:
             self.slot_mapping_enabled_tensor,
             self.cp_rank,
             self.cp_interleave,
+            self._max_span,
             buf,
         )
         return buf[:, :num_tokens_padded]
