@@ -145,6 +145,13 @@ class BlockTables:
             self.sliding_window_reach, torch.int64
         )
         self._max_width = max((t.shape[1] for t in tables), default=1)
+        self._max_span = max(
+            (
+                t.shape[1] * bs * cfg.group_cp_size(g)
+                for g, (t, bs) in enumerate(zip(tables, cfg.block_sizes))
+            ),
+            default=0,
+        )
 
     # ------------------------------------------------------------ writes
 
@@ -170,26 +177,24 @@ class BlockTables:
             raise ValueError(
                 f"new_block_ids has {len(new_block_ids)} entries for {num_groups} KV-cache groups"
             )
-        counts = self.num_blocks.np[:, req_index]
-        starts = [0 if overwrite else int(counts[g]) for g in range(num_groups)]
-        for g, ids in enumerate(new_block_ids):
-            end = starts[g] + len(ids)
+        counts = self.num_blocks.np[:, req_index]  # [num_groups] view of the host truth
+        starts = [0] * num_groups if overwrite else counts.tolist()
+        ends = [start + len(ids) for start, ids in zip(starts, new_block_ids)]
+        for g, (end, ids) in enumerate(zip(ends, new_block_ids)):
             if end > self.max_num_blocks_per_group[g]:
                 raise RuntimeError(
                     f"append_block_ids: request {req_index}, group {g}: blocks would end at "
                     f"{end}, past the row capacity {self.max_num_blocks_per_group[g]}"
                 )
-            if ids and not (min(ids) >= 0 and max(ids) <= INT32_MAX):
+            if ids and (min(ids) < 0 or max(ids) > INT32_MAX):
                 raise ValueError(
                     f"append_block_ids: request {req_index}, group {g}: block ids "
                     f"must lie in [0, {INT32_MAX}]"
                 )
         redirect = self.redirect_writes_to_null_block
-        for g, ids in enumerate(new_block_ids):
-            if redirect:
-                ids = [NULL_BLOCK_ID] * len(ids)
-            self.block_tables[g].stage_write(req_index, starts[g], ids)
-            counts[g] = starts[g] + len(ids)
+        for table, start, ids in zip(self.block_tables, starts, new_block_ids):
+            table.stage_write(req_index, start, [NULL_BLOCK_ID] * len(ids) if redirect else ids)
+        counts[:] = ends
 
     def apply_staged_writes(self) -> None:
         """Make every staged write visible on the device and publish `num_blocks`."""
@@ -317,6 +322,7 @@ class BlockTables:
             self.slot_mapping_enabled_tensor,
             self.cp_rank,
             self.cp_interleave,
+            self._max_span,
             buf,
         )
         return buf[:, :num_tokens_padded]

@@ -259,13 +259,14 @@ class StagedWriteTensor:
             raise IndexError(
                 f"staged write at row {index}, column {start} is outside {tuple(self.gpu.shape)}"
             )
-        n = len(self._staged_write_contents)
-        self._staged_write_contents.extend(values)
-        if len(self._staged_write_contents) == n:
-            return
-        self._staged_write_indices.append(index)
-        self._staged_write_starts.append(start)
-        self._staged_write_cu_lens.append(len(self._staged_write_contents))
+        contents = self._staged_write_contents
+        n = len(contents)
+        contents.extend(values)
+        end = len(contents)
+        if end != n:
+            self._staged_write_indices.append(index)
+            self._staged_write_starts.append(start)
+            self._staged_write_cu_lens.append(end)
 
     def stage_write_elem(self, index: int, value: int | float) -> None:
         """Queue one element: `gpu[index] = value` for a 1-D tensor, `gpu[index, 0]` else."""

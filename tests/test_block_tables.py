@@ -372,3 +372,14 @@ def test_layout_tensors_follow_reallocated_tables(pair):
     p.gather([0], 1)
     assert p.bt.block_tables[0].gpu[0, 0].item() == 3
     assert p.bt.input_block_tables[0][0, 0].item() == 3
+
+
+def test_positions_past_int32_in_a_huge_table(pair):
+    """A table spanning more than 2**31 positions takes the int64 index path."""
+    bs = 2**20
+    p = pair(**small(block_sizes=[bs], max_num_blocks_per_group=[4096], cp_size=2, cp_rank=1))
+    p.append(0, (list(range(1, 2050)),))
+    p.bt.apply_staged_writes()
+    far = 2**31 + 5  # virtual block 1024 (id 1025), offset 5: odd, so rank 1 owns it
+    out = p.slots([0], [0, 2], [far, far + 1], 2)
+    assert out[0, 0] == 1025 * bs + 2 and out[0, 1] == P
