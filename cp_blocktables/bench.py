@@ -579,7 +579,7 @@ def _table_line(r: _Row) -> str:
         f"{_fmt(None if r.copy_fraction is None else 100 * r.copy_fraction, '6.1f'):>6} "
         f"{_fmt(r.floor_ratio, '8.2f'):>8} {_fmt(r.torch_us, '9.1f'):>9} "
         f"{_fmt(r.speedup, '8.2f'):>8} {check:>5}"
-    )
+    ).rstrip()
 
 
 def _device_name(device: torch.device) -> str:
@@ -617,9 +617,17 @@ def run_kernel_bench(device: str | torch.device, quick: bool, json_path: str | N
     timer = _Timer(device, plan)
     rng = np.random.default_rng(0)
     gen = torch.Generator(device=device).manual_seed(0)
-    yardsticks = _yardstick_rows(timer, gen)
-    rows = yardsticks + _slot_rows(timer, rng, gen) + _gather_rows(timer, rng, gen)
-    rows += _apply_rows(timer, rng)
+    threads = torch.get_num_threads()
+    if cpu:
+        # The interpreter runs on one thread; so does the rival, or its figures
+        # swing with thread wake-ups on a busy machine.
+        torch.set_num_threads(1)
+    try:
+        yardsticks = _yardstick_rows(timer, gen)
+        rows = yardsticks + _slot_rows(timer, rng, gen) + _gather_rows(timer, rng, gen)
+        rows += _apply_rows(timer, rng)
+    finally:
+        torch.set_num_threads(threads)
     floor, copy = yardsticks
     copy_gbps = copy.bytes / copy.median_us / 1e3
     for r in rows:
@@ -636,7 +644,9 @@ def run_kernel_bench(device: str | torch.device, quick: bool, json_path: str | N
         l2_bytes=timer.l2_bytes,
         launch_floor_us=floor.median_us,
         copy_gbps=copy_gbps,
-        timing="do_bench median, L2 evicted, inputs rotated" if not cpu else "wall-clock median",
+        timing="do_bench median, L2 evicted, inputs rotated"
+        if not cpu
+        else "wall-clock median, one thread",
     )
     _print_report(meta, rows, goals)
     out = [asdict(r) | dict(device=device.type, cpu_figures=cpu) for r in rows]
