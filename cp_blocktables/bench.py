@@ -74,24 +74,35 @@ class _Plan:
     apply_reqs: int
     apply_steps: int
     copy_bytes: int
-    warmup_ms: int
+    warmup_ms: int  # do_bench (CUDA only)
     rep_ms: int
     host_calls: int  # host-timed calls per row (on CPU: the timed calls)
 
 
+_FULL_TOKENS = (1, 256, 8192, 65536, 1 << 20, 1 << 22)
+_SHAPES = dict(groups=(1, 4), cp_sizes=(1, 4))
 _PLANS = {
     ("cuda", False): _Plan(
-        (1, 256, 8192, 65536, 1 << 20, 1 << 22), (1, 4), (1, 4),
-        (1, 256, 1024), (32, 2048), 256, 50, 1 << 30, 5, 25, 50,
+        tokens=_FULL_TOKENS, gather_reqs=(1, 256, 1024), gather_blocks=(32, 2048),
+        apply_reqs=256, apply_steps=50, copy_bytes=1 << 30,
+        warmup_ms=5, rep_ms=25, host_calls=50, **_SHAPES,
     ),
     ("cuda", True): _Plan(
-        (1, 256, 8192, 65536), (1, 4), (1, 4), (1, 256), (32, 2048), 256, 20, 1 << 28, 2, 10, 20,
+        tokens=_FULL_TOKENS[:4], gather_reqs=(1, 256), gather_blocks=(32, 2048),
+        apply_reqs=256, apply_steps=20, copy_bytes=1 << 28,
+        warmup_ms=2, rep_ms=10, host_calls=20, **_SHAPES,
     ),
+    # CPU: the interpreter costs milliseconds per program instance; cap at 64K tokens.
     ("cpu", False): _Plan(
-        (1, 256, 8192, 65536), (1, 4), (1, 4), (1, 256, 1024), (32, 2048), 256, 3, 1 << 26,
-        0, 0, 3,
+        tokens=_FULL_TOKENS[:4], gather_reqs=(1, 256, 1024), gather_blocks=(32, 2048),
+        apply_reqs=256, apply_steps=3, copy_bytes=1 << 26,
+        warmup_ms=0, rep_ms=0, host_calls=3, **_SHAPES,
     ),
-    ("cpu", True): _Plan((1, 256), (1, 4), (1, 4), (1, 64), (32,), 32, 2, 1 << 23, 0, 0, 3),
+    ("cpu", True): _Plan(
+        tokens=_FULL_TOKENS[:2], gather_reqs=(1, 64), gather_blocks=(32,),
+        apply_reqs=32, apply_steps=2, copy_bytes=1 << 23,
+        warmup_ms=0, rep_ms=0, host_calls=3, **_SHAPES,
+    ),
 }  # fmt: skip
 
 
@@ -238,7 +249,7 @@ def _rival_of(bt: BlockTables) -> TorchBlockTables:
 # ---------------------------------------------------------------- slot mappings
 
 
-def _batch(tokens: int, rng: np.random.Generator):
+def _batch(tokens: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`(rows [R] int32, lens [R] int64, positions [tokens] int64)` of a realistic batch.
 
     Up to `_DECODE_ONLY_UP_TO` tokens: one decode token per request. Larger:
@@ -266,7 +277,9 @@ def _batch(tokens: int, rng: np.random.Generator):
     return rows, lens, positions.astype(np.int64)
 
 
-def _slot_bytes(cfg: BlockTablesConfig, idx: torch.Tensor, lens: torch.Tensor, pos: torch.Tensor):
+def _slot_bytes(
+    cfg: BlockTablesConfig, idx: torch.Tensor, lens: torch.Tensor, pos: torch.Tensor
+) -> int:
     """Positions, qsl and idx read; the whole buffer written; each distinct table entry read."""
     num_reqs, num_tokens = idx.shape[0], pos.shape[0]
     total = 8 * num_tokens + 4 * (num_reqs + 1) + 4 * num_reqs
