@@ -134,23 +134,18 @@ class BlockTables:
         )
         self.block_table_widths = self._device_tensor([t.shape[1] for t in tables], torch.int32)
         self.block_sizes_tensor = self._device_tensor(cfg.block_sizes, torch.int64)
-        self.group_cp_sizes = self._device_tensor(
-            [cfg.group_cp_size(g) for g in range(self.num_kv_cache_groups)], torch.int64
-        )
         self.dcp_sharded = self._device_tensor(cfg.dcp_sharded, torch.bool)
-        self.slot_mapping_enabled_tensor = self._device_tensor(
-            cfg.slot_mapping_enabled, torch.int32
-        )
         self.sliding_window_reach_tensor = self._device_tensor(
             self.sliding_window_reach, torch.int64
         )
         self._max_width = max((t.shape[1] for t in tables), default=1)
-        self._max_span = max(
-            (
-                t.shape[1] * bs * cfg.group_cp_size(g)
-                for g, (t, bs) in enumerate(zip(tables, cfg.block_sizes))
-            ),
-            default=0,
+        self._layout = kernels.GroupLayout.build(
+            tables,
+            self.block_table_ptrs,
+            cfg.block_sizes,
+            [cfg.group_cp_size(g) for g in range(self.num_kv_cache_groups)],
+            cfg.slot_mapping_enabled,
+            self.device,
         )
 
     # ------------------------------------------------------------ writes
@@ -314,15 +309,9 @@ class BlockTables:
             query_start_loc,
             positions,
             self.max_num_reqs,
-            self.block_table_ptrs,
-            self.block_table_strides,
-            self.block_table_widths,
-            self.block_sizes_tensor,
-            self.group_cp_sizes,
-            self.slot_mapping_enabled_tensor,
+            self._layout,
             self.cp_rank,
             self.cp_interleave,
-            self._max_span,
             buf,
         )
         return buf[:, :num_tokens_padded]
