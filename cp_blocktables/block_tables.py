@@ -78,6 +78,8 @@ class BlockTables:
         except (RuntimeError, TypeError) as e:
             raise ValueError(f"device {device!r} is not a torch device: {e}") from None
         self.config = cfg
+        # get_device() of tensors on our device: -1 for CPU, None for any CUDA device.
+        self._device_index = -1 if self.device.type == "cpu" else self.device.index
         self.block_sizes = cfg.block_sizes
         self.max_num_reqs = cfg.max_num_reqs
         self.max_num_batched_tokens = cfg.max_num_batched_tokens
@@ -334,9 +336,10 @@ class BlockTables:
 
     def _on_my_device(self, t: torch.Tensor) -> bool:
         """`cuda` (no index) matches any CUDA tensor; the caller set the current device."""
-        if self.device.type == "cuda" and self.device.index is None:
-            return t.is_cuda
-        return t.device == self.device
+        index = t.get_device()  # -1 on CPU; cheaper than building `t.device`
+        if self._device_index is None:
+            return index >= 0
+        return index == self._device_index
 
     def _check_index_tensor(
         self, name: str, t: object, exact_len: int | None = None, min_len: int = 0

@@ -19,7 +19,6 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
-import triton
 
 from . import kernels
 
@@ -102,7 +101,7 @@ class UvaBufferPool:
         self._next = (i + 1) % self.max_concurrency
         buf = self._buffers[i]
         if rows > buf.cpu.shape[0]:
-            shape = (triton.next_power_of_2(rows), *self.size[1:])
+            shape = (kernels.next_power_of_2(rows), *self.size[1:])
             buf = self._buffers[i] = _HostBuffer(shape, self.dtype, self.device)
         return buf
 
@@ -214,7 +213,7 @@ class _WriteBuffers:
         self.rows = pool(capacity, torch.int32)
         self.starts = pool(capacity, torch.int32)
         self.cu_lens = pool(capacity, torch.int32)
-        self.contents = pool(triton.next_power_of_2(max(capacity, 1)), dtype)
+        self.contents = pool(kernels.next_power_of_2(max(capacity, 1)), dtype)
 
     def publish(self, parts: list[tuple[int, _Writes]]) -> tuple[torch.Tensor, ...]:
         """Write every part's lists straight into the next buffers.

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 from ._jit import dual_jit
@@ -31,6 +30,16 @@ from .contract import PAD_SLOT_ID
 
 def _on_cpu(device: torch.device) -> bool:
     return device.type == "cpu"
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1). Plain Python: Triton's helper
+    of the same name costs microseconds a call on the launch path."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def _search_steps(n: int) -> int:
@@ -149,7 +158,7 @@ def apply_writes(
     # each finding its write by binary search over cu_lens.
     _apply_writes_kernel.launch(
         dst.device,
-        (triton.cdiv(num_elems, tile),),
+        (_cdiv(num_elems, tile),),
         dst,
         stride,
         rows,
@@ -182,7 +191,7 @@ def apply_fused_writes(
     # of any destination, loading that tensor's pointer and stride.
     _apply_writes_kernel.launch(
         device,
-        (triton.cdiv(num_elems, tile),),
+        (_cdiv(num_elems, tile),),
         dst_ptrs,
         dst_strides,
         tensor_ids,
@@ -276,14 +285,14 @@ def gather_block_tables(
     device = idx_mapping.device
     num_groups = src_ptrs.shape[0]
     budget, max_cols = (16384, 4096) if _on_cpu(device) else (2048, 512)
-    cols = min(triton.next_power_of_2(max_width), max_cols)
+    cols = min(next_power_of_2(max_width), max_cols)
     rows = max(1, budget // cols)
     mask_window = num_computed_tokens is not None
     # grid: (cdiv(num_rows, ROWS), num_groups); one program fills ROWS
     # destination rows of one group, COLS columns at a time.
     _gather_block_tables_kernel.launch(
         device,
-        (triton.cdiv(num_rows, rows), num_groups),
+        (_cdiv(num_rows, rows), num_groups),
         idx_mapping,
         idx_mapping.shape[0],
         num_rows,
@@ -425,7 +434,7 @@ def compute_slot_mappings(
     # for every group, finding each token's batch entry by binary search.
     _compute_slot_mappings_kernel.launch(
         device,
-        (triton.cdiv(out_len, tile),) if num_groups else (0,),
+        (_cdiv(out_len, tile),) if num_groups else (0,),
         idx_mapping,
         idx_mapping.shape[0],
         max_num_reqs,
