@@ -428,7 +428,7 @@ def compute_slot_mappings(
     """
     device = out.device
     num_groups, out_len = out.shape
-    tile = 8192 if _on_cpu(device) else 1024
+    tile, warps = _slot_mapping_tile(device, out_len)
     pow2 = layout.pow2 and _is_pow2(cp_interleave)
     # grid: (cdiv(out_len, TILE),); one program maps TILE tokens of the buffer
     # for every group, finding each token's batch entry by binary search.
@@ -455,4 +455,16 @@ def compute_slot_mappings(
         POW2=pow2,
         PAD_ID=PAD_SLOT_ID,
         TILE=tile,
+        num_warps=warps,
     )
+
+
+def _slot_mapping_tile(device: torch.device, out_len: int) -> tuple[int, int]:
+    """Tokens per program and warps: few, large programs on CPU.
+
+    On an H200 at 4M tokens, 512 tokens on 4 warps beat 1024 on 4 by 6-14%
+    and 2048-8192 (4-16 warps) by 20-50%.
+    """
+    if _on_cpu(device):
+        return 8192, 4
+    return 512, 4
