@@ -1,9 +1,10 @@
 """What the pytest plugin adds to a 4-rank CPU test: reused rank pool against fresh spawns.
 
-Both paths run the same body (one gloo all-reduce) through the plugin's own machinery
+Every path runs the same body (one gloo all-reduce) through the plugin's own machinery
 (`_rank_pool`): "reused" is what a test costs on a pool that already exists, health
-check included; "fresh" is start, run and kill per test, which is what launchers that
-spawn per test pay. The pool's one-off start is reported on its own.
+check included; "fresh" is start, run and kill per test, by spawning every rank (what
+launchers that spawn per test pay) or by forking ranks from the plugin's fork server
+(what a rebuild after a failure costs). The pool's one-off start is reported on its own.
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ import sys
 import time
 
 _WORLD_SIZE = 4
+_FRESH_METHODS = ("forkserver", "spawn")
 
 
 def bench_plugin_overhead(num_tests: int = 5) -> dict:
-    """Per-test seconds of a 4-rank CPU test, reused pool against a fresh spawn per test.
+    """Per-test seconds of a 4-rank CPU test: reused pool, fresh fork-server pool, fresh spawn.
 
-    Returns a dict with `reused_per_test_s` and `fresh_per_test_s` (medians over
-    `num_tests` tests each), `pool_start_s` (the reused pool's one-off start), the
-    `speedup` of reuse, and the setup (`world_size`, `backend`, `device`, `num_tests`).
+    Returns a dict with `reused_per_test_s` (health check + run on a pool that served
+    before), `fresh_spawn_per_test_s` (start N spawned ranks, run, kill: what launchers
+    that spawn per test pay), `fresh_forkserver_per_test_s` (the same with ranks forked
+    from the plugin's fork server), each the median over `num_tests` tests;
+    `pool_start_s` (the reused pool's one-off start, fork server included),
+    `speedup_vs_spawn`, and the setup (`world_size`, `backend`, `device`, `num_tests`).
     """
     from ._rank_pool import PoolKey, RankPool
 
@@ -32,7 +37,7 @@ def bench_plugin_overhead(num_tests: int = 5) -> dict:
     task = _bench_task()
 
     start = time.perf_counter()
-    pool = RankPool(key)
+    pool = RankPool(key, start_method="forkserver")
     pool.wait_ready()
     pool_start_s = time.perf_counter() - start
     reused = []
@@ -47,18 +52,8 @@ def bench_plugin_overhead(num_tests: int = 5) -> dict:
     finally:
         pool.kill()
 
-    fresh = []
-    for _ in range(num_tests):
-        t0 = time.perf_counter()
-        pool = RankPool(key)
-        try:
-            pool.wait_ready()
-            _run_ok(pool, task)
-        finally:
-            pool.kill()
-        fresh.append(time.perf_counter() - t0)
-
-    reused_s, fresh_s = statistics.median(reused), statistics.median(fresh)
+    fresh = {method: _fresh_runs(key, task, method, num_tests) for method in _FRESH_METHODS}
+    reused_s = statistics.median(reused)
     return {
         "world_size": _WORLD_SIZE,
         "backend": key.backend,
@@ -66,9 +61,27 @@ def bench_plugin_overhead(num_tests: int = 5) -> dict:
         "num_tests": num_tests,
         "pool_start_s": round(pool_start_s, 4),
         "reused_per_test_s": round(reused_s, 4),
-        "fresh_per_test_s": round(fresh_s, 4),
-        "speedup": round(fresh_s / reused_s, 1),
+        "fresh_forkserver_per_test_s": round(fresh["forkserver"], 4),
+        "fresh_spawn_per_test_s": round(fresh["spawn"], 4),
+        "speedup_vs_spawn": round(fresh["spawn"] / reused_s, 1),
     }
+
+
+def _fresh_runs(key, task, method: str, num_tests: int) -> float:
+    """Median seconds of start + run + kill of a new pool, `num_tests` times."""
+    from ._rank_pool import RankPool
+
+    times = []
+    for _ in range(num_tests):
+        t0 = time.perf_counter()
+        pool = RankPool(key, start_method=method)
+        try:
+            pool.wait_ready()
+            _run_ok(pool, task)
+        finally:
+            pool.kill()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def all_reduce_body(rank: int, world_size: int, device) -> None:

@@ -60,7 +60,11 @@ class _Crash:
 
 
 def verdict(outcomes: list[Outcome], timeout_s: float) -> Verdict:
-    """One verdict for the test from the per-rank outcomes (ordered by rank)."""
+    """One verdict for the test from the per-rank outcomes (ordered by rank).
+
+    The headline names a dead rank before a failed one: when a rank dies, its peers
+    usually fail too, with connection errors that only echo the death.
+    """
     by_status: dict[str, list[int]] = {}
     for o in outcomes:
         by_status.setdefault(o.status, []).append(o.rank)
@@ -69,10 +73,11 @@ def verdict(outcomes: list[Outcome], timeout_s: float) -> Verdict:
         return Verdict(outcomes[0].status, "; ".join(reasons))
     if "timeout" in by_status:
         return Verdict("failed", f"timed out after {timeout_s:g} s on ranks {by_status['timeout']}")
-    first_bad = next((o for o in outcomes if o.status in ("failed", "died")), None)
+    dead = [o for o in outcomes if o.status == "died"]
+    first_bad = (dead or [o for o in outcomes if o.status == "failed"] or [None])[0]
     if first_bad is not None:
         bad = sorted(by_status.get("failed", []) + by_status.get("died", []))
-        first = f"rank {first_bad.rank}: {first_bad.message}"
+        first = f"rank {first_bad.rank}: {_clip(first_bad.message)}"
         return Verdict("failed", f"failed on ranks {bad}; {first}")
     for quiet in ("skipped", "xfailed"):
         if quiet in by_status:
@@ -116,9 +121,14 @@ def _status_line(o: Outcome) -> str:
         "timeout": "TIMEOUT still running at the deadline; stacks dumped, killed",
         "stopped": "STOPPED still running after another rank failed; stacks dumped, killed",
     }.get(o.status, o.status.upper() if o.status in _BAD else o.status)
-    detail = f" {o.message}" if o.message else ""
+    detail = f" {_clip(o.message)}" if o.message else ""
     took = f" ({o.duration_s:.2f} s)" if o.status not in ("timeout", "stopped", "died") else ""
     return f"  rank {o.rank}: {label}{took}{detail}"
+
+
+def _clip(message: str, limit: int = 160) -> str:
+    first = message.splitlines()[0] if message else ""
+    return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
 def _rule(title: str, width: int = 78) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import faulthandler
 import json
+import time
 
 import pytest
 
@@ -74,6 +75,7 @@ class SpmdRunner:
         kwargs = {name: item.funcargs[name] for name in item._fixtureinfo.argnames}
         error: BaseException | None = None
         mine = Outcome(self.rank, "passed")
+        start = time.perf_counter()
         faulthandler.dump_traceback_later(spec.timeout_s + _WATCHDOG_SLACK_S, exit=True)
         try:
             item.obj(**kwargs)
@@ -86,6 +88,7 @@ class SpmdRunner:
             mine = Outcome(self.rank, "failed", message=f"{type(exc).__name__}: {exc}"[:200])
         finally:
             faulthandler.cancel_dump_traceback_later()
+        mine.duration_s = time.perf_counter() - start
         outcomes = self._exchange(mine, spec.timeout_s)
         v = verdict(outcomes, spec.timeout_s)
         if v.status != "failed":
@@ -96,7 +99,8 @@ class SpmdRunner:
         if mine.status == "failed":
             item.stash[RANK_TABLE] = status_table(outcomes)
             raise error
-        context = f"{spec.describe()} seed={item.config.getoption('ranks_seed')}; SPMD"
+        seed = item.config.getoption("ranks_seed")
+        context = f"{spec.describe()} seed={seed}; tracebacks are in the failing ranks' output"
         raise RanksFailed(render(outcomes, {}, v.headline, context, repro))
 
     def _exchange(self, mine: Outcome, timeout_s: float) -> list[Outcome]:
@@ -106,15 +110,15 @@ class SpmdRunner:
         store = dist.distributed_c10d._get_default_store()
         prefix = f"cp_blocktables/ranks/{self.tests_run}/"
         self.tests_run += 1
-        store.set(prefix + str(self.rank), json.dumps([mine.status, mine.message]))
+        store.set(prefix + str(self.rank), json.dumps([mine.status, mine.message, mine.duration_s]))
         outcomes = []
         for r in range(self.world_size):
             try:
                 store.wait([prefix + str(r)], datetime.timedelta(seconds=timeout_s))
-                status, message = json.loads(store.get(prefix + str(r)))
+                status, message, took = json.loads(store.get(prefix + str(r)))
             except Exception:
-                status, message = "timeout", "did not report its outcome"
-            outcomes.append(Outcome(r, status, message=message))
+                status, message, took = "timeout", "did not report its outcome", 0.0
+            outcomes.append(Outcome(r, status, message=message, duration_s=took))
         return outcomes
 
     def _init_group(self) -> None:

@@ -173,7 +173,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         runner = SpmdRunner(config, *env)
     else:
-        runner = _SpawnRunner(config)
+        runner = _PoolRunner(config)
     config.stash[_RUNNER] = runner
 
 
@@ -306,8 +306,8 @@ def _skip_without_gpus(spec: RanksSpec) -> None:
         )
 
 
-class _SpawnRunner:
-    """Runs marked tests on pooled spawned ranks (the default mode)."""
+class _PoolRunner:
+    """Runs marked tests on pooled rank processes (the default mode)."""
 
     def __init__(self, config: pytest.Config) -> None:
         from ._rank_pool import PoolCache
@@ -342,10 +342,17 @@ class _SpawnRunner:
         return WorkerFixture(name)
 
     def call(self, item: pytest.Function, spec: RanksSpec, repro: str) -> bool:
-        from ._rank_pool import PoolKey
+        from ._rank_pool import PoolKey, PoolStartError
 
         task = self._task(item)
-        pool, reused = self.pools.take(PoolKey(spec.world_size, spec.backend, spec.device))
+        try:
+            pool, _ = self.pools.take(PoolKey(spec.world_size, spec.backend, spec.device))
+        except PoolStartError as exc:
+            problem = f"{exc}\n\n{repro}"
+        else:
+            problem = None
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)
         try:
             result = pool.run(task, spec.timeout_s, self.config.getoption("ranks_grace"))
         except BaseException:
@@ -379,10 +386,8 @@ class _SpawnRunner:
             if name in PLUGIN_FIXTURES:
                 value = WorkerFixture(name)
             values[name] = value
-        try:
-            payload = pickle.dumps(values)
-        except Exception:
-            bad = [n for n in names if not _pickles(values[n])]
+        bad = [n for n in names if not _pickles(values[n])]
+        if bad:
             pytest.fail(
                 f"argument(s) {bad} of a @pytest.mark.ranks test cannot be sent to the rank "
                 "processes (not picklable). A ranks test may take rank, world_size, device, "
@@ -394,7 +399,7 @@ class _SpawnRunner:
             module_name=module.__name__,
             module_path=getattr(module, "__file__", None),
             attr_path=_attr_path(item),
-            kwargs=payload,
+            kwargs=pickle.dumps(values),
             sys_path=tuple(sys.path),
             cwd=os.getcwd(),
             seed=task_seed(item),
@@ -407,7 +412,7 @@ class _SpawnRunner:
         self.pools.close()
 
 
-_RUNNER = pytest.StashKey[_SpawnRunner]()
+_RUNNER = pytest.StashKey[_PoolRunner]()
 
 
 def task_seed(item: pytest.Item) -> int:
