@@ -2,8 +2,9 @@
 
 Starting N processes that each import torch costs seconds; running a test body on
 processes that are already in a process group costs milliseconds. A `RankPool` is N
-spawned `_rank_worker` processes sharing one process group; `PoolCache` keeps pools by
-`PoolKey` (world size, backend, device) between tests.
+`_rank_worker` processes sharing one process group, forked from a fork server that
+imported torch once (or spawned); `PoolCache` keeps pools by `PoolKey` (world size,
+backend, device) between tests.
 
 Invariants:
 - a pool is reused only after a test in which every rank answered and none failed, and
@@ -73,7 +74,6 @@ class RunResult:
     stdout: dict[int, str] = field(default_factory=dict)
     stderr: dict[int, str] = field(default_factory=dict)
     stacks: dict[int, str] = field(default_factory=dict)
-    timed_out: bool = False
 
     @property
     def clean(self) -> bool:
@@ -87,7 +87,7 @@ class PoolStartError(RuntimeError):
 
 
 class RankPool:
-    """N spawned rank processes in one process group, serving one test at a time."""
+    """N rank processes in one process group, serving one test at a time."""
 
     def __init__(self, key: PoolKey, capture: bool = True, start_method: str | None = None):
         """Launch the rank processes; they import torch and rendezvous on their own."""
@@ -120,7 +120,9 @@ class RankPool:
                 rank, n, self.key.backend, self.key.device, self.dir, capture, _PG_TIMEOUT_S
             )
             parent_end, child_end = ctx.Pipe()
-            proc = ctx.Process(target=_rank_worker.main, args=(child_end, spec), name=f"rank{rank}")
+            proc = ctx.Process(
+                target=_rank_worker.main, args=(child_end, _owner_pipe(), spec), name=f"rank{rank}"
+            )
             proc.start()
             child_end.close()
             self._procs.append(proc)
@@ -225,7 +227,6 @@ class RankPool:
             stdout={r: _read(pool_file(self.dir, "stdout", r)) for r in range(n)},
             stderr={r: _read(pool_file(self.dir, "stderr", r)) for r in range(n)},
             stacks=stacks,
-            timed_out=timed_out,
         )
 
     def _gather_first(self, pending: list[int], bound: float) -> dict[int, Outcome]:
@@ -325,23 +326,19 @@ class PoolCache:
         self.start_method = start_method
         self._idle: OrderedDict[PoolKey, RankPool] = OrderedDict()
 
-    def take(self, key: PoolKey) -> tuple[RankPool, bool]:
-        """A started pool for `key` and whether it served a test before.
-
-        A pool that served before is health-checked first and replaced if it fails.
-        """
+    def take(self, key: PoolKey) -> RankPool:
+        """A started pool for `key`; one that served before must pass a health check first."""
         pool = self._idle.pop(key, None)
         if pool is not None and pool.ready and not pool.healthy():
             pool.kill()
             pool = None
-        reused = pool is not None and pool.ready
         pool = pool or RankPool(key, self.capture, self.start_method)
         try:
             pool.wait_ready()
         except BaseException:
             pool.kill()
             raise
-        return pool, reused
+        return pool
 
     def give_back(self, pool: RankPool) -> None:
         """Keep a pool that ended its test cleanly for the next test with the same key."""
@@ -364,6 +361,7 @@ class PoolCache:
             oldest.close()
 
     def close(self) -> None:
+        """Stop every idle pool, all within one short deadline."""
         pools, self._idle = list(self._idle.values()), OrderedDict()
         for pool in pools:
             pool.request_stop()
@@ -373,6 +371,19 @@ class PoolCache:
 
 
 _LIVE: weakref.WeakSet[RankPool] = weakref.WeakSet()
+_OWNER: list = []
+
+
+def _owner_pipe():
+    """Read end of a pipe that only this process writes to, kept open for its lifetime.
+
+    Ranks watch it: end-of-file means this process is gone (even by SIGKILL), and they
+    exit. Their parent pid cannot tell, since a fork server outlives us while it has
+    children.
+    """
+    if not _OWNER:
+        _OWNER.extend(multiprocessing.Pipe(duplex=False))
+    return _OWNER[0]
 
 
 @atexit.register

@@ -166,12 +166,16 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def main(conn, spec: WorkerSpec) -> None:
-    """Entry point of a spawned rank: serve the pipe until told to stop or orphaned."""
+def main(conn, owner, spec: WorkerSpec) -> None:
+    """Entry point of a rank process: serve `conn` until told to stop or orphaned.
+
+    `owner` is the read end of a pipe whose only writer is the pytest process: it reads
+    end-of-file when that process is gone, however it died.
+    """
     if spec.capture:
         _redirect_output(spec)
     stack_file = _arm_stack_dumps(spec)
-    _exit_when_orphaned()
+    _exit_when_orphaned(owner)
     try:
         worker = _Worker(spec, stack_file)
     except BaseException:
@@ -196,12 +200,10 @@ def _arm_stack_dumps(spec: WorkerSpec):
     return stack_file
 
 
-def _exit_when_orphaned() -> None:
-    parent = os.getppid()
-
+def _exit_when_orphaned(owner) -> None:
     def _orphan_watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
+        with contextlib.suppress(EOFError, OSError):
+            owner.recv()
         os._exit(3)
 
     threading.Thread(target=_orphan_watch, name="orphan-watch", daemon=True).start()
@@ -273,9 +275,13 @@ class _Worker:
         return None
 
     def run(self, task: Task) -> Outcome:
+        """Run one test body; the process state a body commonly changes is put back after."""
         __tracebackhide__ = True
+        import torch
+
         self._truncate_outputs()
         saved_env, saved_cwd = dict(os.environ), os.getcwd()
+        saved_dtype, saved_threads = torch.get_default_dtype(), torch.get_num_threads()
         if task.env:
             os.environ.clear()
             os.environ.update(task.env)
@@ -289,6 +295,8 @@ class _Worker:
             os.environ.clear()
             os.environ.update(saved_env)
             os.chdir(saved_cwd)
+            torch.set_default_dtype(saved_dtype)
+            torch.set_num_threads(saved_threads)
         outcome.duration_s = time.perf_counter() - start
         return outcome
 

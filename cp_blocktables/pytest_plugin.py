@@ -8,12 +8,13 @@
 
 Two modes, chosen once per session:
 
-- spawn (default): the body runs once per rank in pooled worker processes
-  (`_rank_pool`). Pools are reused across tests with the same world size, backend and
-  device while they stay healthy. The body's arguments are `rank`, `world_size`,
-  `device`, `block_tables_factory` (resolved in each rank) and any other argument whose
-  value pickles (parametrize values, `tmp_path`, data fixtures); the test function is
-  found in the rank by its module file and name, never pickled.
+- pooled (default): the body runs once per rank in pooled rank processes
+  (`_rank_pool`), forked from a fork server that imported torch once. Pools are reused
+  across tests with the same world size, backend and device while they stay healthy.
+  The body's arguments are `rank`, `world_size`, `device`, `block_tables_factory`
+  (resolved in each rank) and any other argument whose value pickles (parametrize
+  values, `tmp_path`, data fixtures); the test function is found in the rank by its
+  module file and name, never pickled.
 - SPMD: under `torchrun ... -m pytest` (RANK, WORLD_SIZE and LOCAL_RANK set) every
   launched process is one rank; marked tests run in place (`_rank_spmd`).
 
@@ -346,7 +347,7 @@ class _PoolRunner:
 
         task = self._task(item)
         try:
-            pool, _ = self.pools.take(PoolKey(spec.world_size, spec.backend, spec.device))
+            pool = self.pools.take(PoolKey(spec.world_size, spec.backend, spec.device))
         except PoolStartError as exc:
             problem = f"{exc}\n\n{repro}"
         else:
