@@ -177,6 +177,15 @@ def test_outcomes_are_reported_per_rank(inner):
         raise ValueError(f"broken on rank {rank}")
 
     @pytest.mark.ranks(2)
+    def test_dies_on_one_rank(rank):
+        if rank == 1:
+            os._exit(3)
+
+    @pytest.mark.ranks(2)
+    def test_xfails_on_every_rank(rank):
+        pytest.xfail("known gap")
+
+    @pytest.mark.ranks(2)
     def test_skips_on_one_rank(rank):
         if rank == 1:
             pytest.skip("rank 1 has nothing to do")
@@ -198,7 +207,7 @@ def test_outcomes_are_reported_per_rank(inner):
     """,
         "-rsE",
     )
-    result.assert_outcomes(passed=2, failed=3, skipped=1, errors=3)
+    result.assert_outcomes(passed=2, failed=4, skipped=1, xfailed=1, errors=3)
     result.stdout.fnmatch_lines(
         [
             "*_ test_fails_on_one_rank _*",
@@ -220,6 +229,10 @@ def test_outcomes_are_reported_per_rank(inner):
             "*rank 1 traceback*",
             "E       ValueError: broken on rank 1",
             "reproduce: pytest test_inner.py::test_fails_on_every_rank *",
+            "*_ test_dies_on_one_rank _*",
+            "2-rank test: failed on ranks ?1?; rank 1: process exited with code 3",
+            "  rank 0: passed*",
+            "  rank 1: DIED process exited with code 3",
             "*_ test_skips_on_one_rank _*",
             "2-rank test: pytest.skip() on ranks ?1? only; ranks ?0? ran the test*",
             "  rank 1: skipped*rank 1 has nothing to do",
