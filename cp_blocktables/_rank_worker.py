@@ -30,6 +30,7 @@ import importlib.util
 import os
 import pickle
 import random
+import shutil
 import signal
 import sys
 import threading
@@ -175,7 +176,7 @@ def main(conn, owner, spec: WorkerSpec) -> None:
     if spec.capture:
         _redirect_output(spec)
     stack_file = _arm_stack_dumps(spec)
-    _exit_when_orphaned(owner)
+    _exit_when_orphaned(owner, spec.pool_dir)
     try:
         worker = _Worker(spec, stack_file)
     except BaseException:
@@ -200,10 +201,11 @@ def _arm_stack_dumps(spec: WorkerSpec):
     return stack_file
 
 
-def _exit_when_orphaned(owner) -> None:
+def _exit_when_orphaned(owner, pool_dir: str) -> None:
     def _orphan_watch() -> None:
         with contextlib.suppress(EOFError, OSError):
             owner.recv()
+        shutil.rmtree(pool_dir, ignore_errors=True)
         os._exit(3)
 
     threading.Thread(target=_orphan_watch, name="orphan-watch", daemon=True).start()
