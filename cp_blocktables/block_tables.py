@@ -78,6 +78,8 @@ class BlockTables:
         except (RuntimeError, TypeError) as e:
             raise ValueError(f"device {device!r} is not a torch device: {e}") from None
         self.config = cfg
+        # get_device() of tensors on our device: -1 for CPU, None for any CUDA device.
+        self._device_index = -1 if self.device.type == "cpu" else self.device.index
         self.block_sizes = cfg.block_sizes
         self.max_num_reqs = cfg.max_num_reqs
         self.max_num_batched_tokens = cfg.max_num_batched_tokens
@@ -134,17 +136,19 @@ class BlockTables:
         )
         self.block_table_widths = self._device_tensor([t.shape[1] for t in tables], torch.int32)
         self.block_sizes_tensor = self._device_tensor(cfg.block_sizes, torch.int64)
-        self.group_cp_sizes = self._device_tensor(
-            [cfg.group_cp_size(g) for g in range(self.num_kv_cache_groups)], torch.int64
-        )
         self.dcp_sharded = self._device_tensor(cfg.dcp_sharded, torch.bool)
-        self.slot_mapping_enabled_tensor = self._device_tensor(
-            cfg.slot_mapping_enabled, torch.int32
-        )
         self.sliding_window_reach_tensor = self._device_tensor(
             self.sliding_window_reach, torch.int64
         )
         self._max_width = max((t.shape[1] for t in tables), default=1)
+        self._layout = kernels.GroupLayout.build(
+            tables,
+            self.block_table_ptrs,
+            cfg.block_sizes,
+            [cfg.group_cp_size(g) for g in range(self.num_kv_cache_groups)],
+            cfg.slot_mapping_enabled,
+            self.device,
+        )
 
     # ------------------------------------------------------------ writes
 
@@ -170,26 +174,24 @@ class BlockTables:
             raise ValueError(
                 f"new_block_ids has {len(new_block_ids)} entries for {num_groups} KV-cache groups"
             )
-        counts = self.num_blocks.np[:, req_index]
-        starts = [0 if overwrite else int(counts[g]) for g in range(num_groups)]
-        for g, ids in enumerate(new_block_ids):
-            end = starts[g] + len(ids)
+        counts = self.num_blocks.np[:, req_index]  # [num_groups] view of the host truth
+        starts = [0] * num_groups if overwrite else counts.tolist()
+        ends = [start + len(ids) for start, ids in zip(starts, new_block_ids)]
+        for g, (end, ids) in enumerate(zip(ends, new_block_ids)):
             if end > self.max_num_blocks_per_group[g]:
                 raise RuntimeError(
                     f"append_block_ids: request {req_index}, group {g}: blocks would end at "
                     f"{end}, past the row capacity {self.max_num_blocks_per_group[g]}"
                 )
-            if ids and not (min(ids) >= 0 and max(ids) <= INT32_MAX):
+            if ids and (min(ids) < 0 or max(ids) > INT32_MAX):
                 raise ValueError(
                     f"append_block_ids: request {req_index}, group {g}: block ids "
                     f"must lie in [0, {INT32_MAX}]"
                 )
         redirect = self.redirect_writes_to_null_block
-        for g, ids in enumerate(new_block_ids):
-            if redirect:
-                ids = [NULL_BLOCK_ID] * len(ids)
-            self.block_tables[g].stage_write(req_index, starts[g], ids)
-            counts[g] = starts[g] + len(ids)
+        for table, start, ids in zip(self.block_tables, starts, new_block_ids):
+            table.stage_write(req_index, start, [NULL_BLOCK_ID] * len(ids) if redirect else ids)
+        counts[:] = ends
 
     def apply_staged_writes(self) -> None:
         """Make every staged write visible on the device and publish `num_blocks`."""
@@ -309,12 +311,7 @@ class BlockTables:
             query_start_loc,
             positions,
             self.max_num_reqs,
-            self.block_table_ptrs,
-            self.block_table_strides,
-            self.block_table_widths,
-            self.block_sizes_tensor,
-            self.group_cp_sizes,
-            self.slot_mapping_enabled_tensor,
+            self._layout,
             self.cp_rank,
             self.cp_interleave,
             buf,
@@ -337,6 +334,13 @@ class BlockTables:
             return self.device.type == "cpu"
         return self.validate_inputs
 
+    def _on_my_device(self, t: torch.Tensor) -> bool:
+        """`cuda` (no index) matches any CUDA tensor; the caller set the current device."""
+        index = t.get_device()  # -1 on CPU; cheaper than building `t.device`
+        if self._device_index is None:
+            return index >= 0
+        return index == self._device_index
+
     def _check_index_tensor(
         self, name: str, t: object, exact_len: int | None = None, min_len: int = 0
     ) -> int:
@@ -348,9 +352,7 @@ class BlockTables:
                 f"{name} must be a 1-D int32 or int64 tensor, got "
                 f"{t.dtype} of shape {tuple(t.shape)}"
             )
-        if t.device != self.device and not (
-            t.device.type == self.device.type == "cuda" and self.device.index is None
-        ):
+        if not self._on_my_device(t):
             raise ValueError(f"{name} is on {t.device}, BlockTables on {self.device}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
@@ -426,7 +428,7 @@ class BlockTables:
                 or t.shape[0] < rows
                 or t.shape[1] < width
                 or t.stride(1) != 1
-                or t.device != self.device
+                or not self._on_my_device(t)
             ):
                 raise ValueError(
                     f"out[{g}] must be an int32 [>= {rows}, >= {width}] tensor "
@@ -439,7 +441,7 @@ class BlockTables:
         if (
             out.dtype != torch.int64
             or out.dim() != 2
-            or out.device != self.device
+            or not self._on_my_device(out)
             or out.shape[0] != self.num_kv_cache_groups
             or out.stride(1) != 1
         ):

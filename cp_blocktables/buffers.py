@@ -19,7 +19,6 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
-import triton
 
 from . import kernels
 
@@ -52,6 +51,8 @@ def uva_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     Under unified addressing a pinned allocation's device address equals its
     host address, so the view's `data_ptr()` is the host buffer's.
     """
+    if host.numel() == 0:  # nothing to alias: an empty allocation is never pinned
+        return torch.empty(host.shape, dtype=host.dtype, device=device)
     assert host.is_pinned() and host.is_contiguous()
     return torch.as_tensor(_CudaArrayView(host), device=device)
 
@@ -100,7 +101,7 @@ class UvaBufferPool:
         self._next = (i + 1) % self.max_concurrency
         buf = self._buffers[i]
         if rows > buf.cpu.shape[0]:
-            shape = (triton.next_power_of_2(rows), *self.size[1:])
+            shape = (kernels.next_power_of_2(rows), *self.size[1:])
             buf = self._buffers[i] = _HostBuffer(shape, self.dtype, self.device)
         return buf
 
@@ -183,21 +184,22 @@ def _drop_overwritten(
     return pieces
 
 
-class _StagedBatch:
-    """Flat staged writes of one apply, after overlap resolution."""
+_Writes = tuple[list[int], list[int], list, list[int]]  # rows, starts, contents, cu_lens
 
-    def __init__(self, rows, starts, contents, cu_lens, tensor_ids=None) -> None:
-        keys = rows if tensor_ids is None else list(zip(tensor_ids, rows))
-        pieces = _drop_overwritten(keys, starts, cu_lens)
-        if pieces is not None:
-            rows = [rows[w] for w, *_ in pieces]
-            if tensor_ids is not None:
-                tensor_ids = [tensor_ids[w] for w, *_ in pieces]
-            starts = [s for _, s, _, _ in pieces]
-            contents = [v for _, _, lo, hi in pieces for v in contents[lo:hi]]
-            cu_lens = np.cumsum([hi - lo for *_, lo, hi in pieces]).tolist()
-        self.rows, self.starts, self.contents = rows, starts, contents
-        self.cu_lens, self.tensor_ids = cu_lens, tensor_ids
+
+def _resolved_writes(t: StagedWriteTensor) -> _Writes:
+    """`t`'s staged writes with every overwritten element dropped."""
+    rows, starts = t._staged_write_indices, t._staged_write_starts
+    contents, cu_lens = t._staged_write_contents, t._staged_write_cu_lens
+    pieces = _drop_overwritten(rows, starts, cu_lens)
+    if pieces is None:
+        return rows, starts, contents, cu_lens
+    return (
+        [rows[w] for w, *_ in pieces],
+        [s for _, s, _, _ in pieces],
+        [v for _, _, lo, hi in pieces for v in contents[lo:hi]],
+        np.cumsum([hi - lo for *_, lo, hi in pieces]).tolist(),
+    )
 
 
 class _WriteBuffers:
@@ -211,14 +213,35 @@ class _WriteBuffers:
         self.rows = pool(capacity, torch.int32)
         self.starts = pool(capacity, torch.int32)
         self.cu_lens = pool(capacity, torch.int32)
-        self.contents = pool(triton.next_power_of_2(max(capacity, 1)), dtype)
+        self.contents = pool(kernels.next_power_of_2(max(capacity, 1)), dtype)
 
-    def publish(self, batch: _StagedBatch) -> tuple[torch.Tensor, ...]:
-        return (
-            self.rows.copy_to_uva(batch.rows),
-            self.starts.copy_to_uva(batch.starts),
-            self.cu_lens.copy_to_uva(batch.cu_lens),
-            self.contents.copy_to_uva(batch.contents),
+    def publish(self, parts: list[tuple[int, _Writes]]) -> tuple[torch.Tensor, ...]:
+        """Write every part's lists straight into the next buffers.
+
+        `parts` holds `(tensor_index, writes)`; returns device views of
+        `(tensor_ids, rows, starts, cu_lens, contents)`, `cu_lens` running over
+        all parts. Filling slices avoids concatenating Python lists.
+        """
+        num_writes = sum(len(w[0]) for _, w in parts)
+        num_elems = sum(len(w[2]) for _, w in parts)
+        ids, rows, starts, cu_lens = (
+            pool._take(num_writes)
+            for pool in (self.tensor_ids, self.rows, self.starts, self.cu_lens)
+        )
+        contents = self.contents._take(num_elems)
+        w = e = 0
+        for index, (r, s, c, cu) in parts:
+            n, m = len(r), len(c)
+            ids.np[w : w + n] = index
+            rows.np[w : w + n] = r
+            starts.np[w : w + n] = s
+            cu_lens.np[w : w + n] = cu
+            if e:
+                cu_lens.np[w : w + n] += e
+            contents.np[e : e + m] = c
+            w, e = w + n, e + m
+        return tuple(
+            b.dev[:n] for b, n in ((ids, w), (rows, w), (starts, w), (cu_lens, w), (contents, e))
         )
 
 
@@ -257,13 +280,14 @@ class StagedWriteTensor:
             raise IndexError(
                 f"staged write at row {index}, column {start} is outside {tuple(self.gpu.shape)}"
             )
-        n = len(self._staged_write_contents)
-        self._staged_write_contents.extend(values)
-        if len(self._staged_write_contents) == n:
-            return
-        self._staged_write_indices.append(index)
-        self._staged_write_starts.append(start)
-        self._staged_write_cu_lens.append(len(self._staged_write_contents))
+        contents = self._staged_write_contents
+        n = len(contents)
+        contents.extend(values)
+        end = len(contents)
+        if end != n:
+            self._staged_write_indices.append(index)
+            self._staged_write_starts.append(start)
+            self._staged_write_cu_lens.append(end)
 
     def stage_write_elem(self, index: int, value: int | float) -> None:
         """Queue one element: `gpu[index] = value` for a 1-D tensor, `gpu[index, 0]` else."""
@@ -279,13 +303,8 @@ class StagedWriteTensor:
         """Apply every staged write with one kernel launch, then clear them."""
         if not self._staged_write_indices:
             return
-        batch = _StagedBatch(
-            self._staged_write_indices,
-            self._staged_write_starts,
-            self._staged_write_contents,
-            self._staged_write_cu_lens,
-        )
-        kernels.apply_writes(self.gpu, *self._buffers.publish(batch))
+        _, *writes = self._buffers.publish([(0, _resolved_writes(self))])
+        kernels.apply_writes(self.gpu, *writes)
         self.clear_staged_writes()
 
 
@@ -315,21 +334,8 @@ class FusedStagedWriter:
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) > 1:
             raise ValueError(f"FusedStagedWriter needs one dtype, got {sorted(map(str, dtypes))}")
-        tensor_ids: list[int] = []
-        rows: list[int] = []
-        starts: list[int] = []
-        contents: list = []
-        cu_lens: list[int] = []
-        for i, t in enumerate(tensors):
-            if not t._staged_write_indices:
-                continue
-            offset = len(contents)
-            tensor_ids.extend([i] * len(t._staged_write_indices))
-            rows.extend(t._staged_write_indices)
-            starts.extend(t._staged_write_starts)
-            contents.extend(t._staged_write_contents)
-            cu_lens.extend(end + offset for end in t._staged_write_cu_lens)
-        if not rows:
+        parts = [(i, _resolved_writes(t)) for i, t in enumerate(tensors) if t._staged_write_indices]
+        if not parts:
             return
         (dtype,) = dtypes
         buffers = self._buffers.get(dtype)
@@ -337,10 +343,8 @@ class FusedStagedWriter:
             buffers = self._buffers[dtype] = _WriteBuffers(
                 self.max_writes, dtype, self.max_concurrency, self.device
             )
-        batch = _StagedBatch(rows, starts, contents, cu_lens, tensor_ids)
-        ids = buffers.tensor_ids.copy_to_uva(batch.tensor_ids)
         kernels.apply_fused_writes(
-            self.device, output_ptrs, output_strides, ids, *buffers.publish(batch)
+            self.device, output_ptrs, output_strides, *buffers.publish(parts)
         )
         for t in tensors:
             t.clear_staged_writes()

@@ -19,8 +19,9 @@ write `PAD_SLOT_ID`, and no index is dereferenced past a buffer's bound.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-import triton
 import triton.language as tl
 
 from ._jit import dual_jit
@@ -31,6 +32,16 @@ def _on_cpu(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1). Plain Python: Triton's helper
+    of the same name costs microseconds a call on the launch path."""
+    return 1 << max(n - 1, 0).bit_length()
+
+
 def _search_steps(n: int) -> int:
     """Binary-search iterations for `n` segments, rounded up to a multiple of 4.
 
@@ -38,6 +49,51 @@ def _search_steps(n: int) -> int:
     loop over a runtime scalar); rounding keeps the number of variants small.
     """
     return -(-n.bit_length() // 4) * 4
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclass
+class GroupLayout:
+    """Per-group kernel inputs, built once per table allocation.
+
+    `params` is int64 `[num_groups, 6]`: block size, CP size of the group (1
+    when unsharded), usable columns (0 when slot mapping is disabled), row
+    stride of the persistent table, log2 of the block size and of the CP size
+    (-1 when not a power of two).
+    """
+
+    table_ptrs: torch.Tensor  # uint64 [num_groups]
+    params: torch.Tensor  # int64 [num_groups, 6]
+    max_span: int  # most positions one table row covers
+    pow2: bool  # every block size and group CP size is a power of two
+
+    @classmethod
+    def build(
+        cls,
+        tables: list[torch.Tensor],
+        table_ptrs: torch.Tensor,
+        block_sizes: list[int],
+        group_cp_sizes: list[int],
+        enabled: list[bool],
+        device: torch.device,
+    ) -> GroupLayout:
+        log2 = lambda n: n.bit_length() - 1 if _is_pow2(n) else -1  # noqa: E731
+        rows = [
+            [bs, cp, t.shape[1] if on else 0, t.stride(0), log2(bs), log2(cp)]
+            for t, bs, cp, on in zip(tables, block_sizes, group_cp_sizes, enabled)
+        ]
+        return cls(
+            table_ptrs=table_ptrs,
+            params=torch.tensor(rows, dtype=torch.int64, device=device).reshape(-1, 6),
+            max_span=max(
+                (t.shape[1] * bs * cp for t, bs, cp in zip(tables, block_sizes, group_cp_sizes)),
+                default=0,
+            ),
+            pow2=all(_is_pow2(n) for n in block_sizes + group_cp_sizes),
+        )
 
 
 # ---------------------------------------------------------------- staged writes
@@ -102,7 +158,7 @@ def apply_writes(
     # each finding its write by binary search over cu_lens.
     _apply_writes_kernel.launch(
         dst.device,
-        (triton.cdiv(num_elems, tile),),
+        (_cdiv(num_elems, tile),),
         dst,
         stride,
         rows,
@@ -135,7 +191,7 @@ def apply_fused_writes(
     # of any destination, loading that tensor's pointer and stride.
     _apply_writes_kernel.launch(
         device,
-        (triton.cdiv(num_elems, tile),),
+        (_cdiv(num_elems, tile),),
         dst_ptrs,
         dst_strides,
         tensor_ids,
@@ -229,14 +285,14 @@ def gather_block_tables(
     device = idx_mapping.device
     num_groups = src_ptrs.shape[0]
     budget, max_cols = (16384, 4096) if _on_cpu(device) else (2048, 512)
-    cols = min(triton.next_power_of_2(max_width), max_cols)
+    cols = min(next_power_of_2(max_width), max_cols)
     rows = max(1, budget // cols)
     mask_window = num_computed_tokens is not None
     # grid: (cdiv(num_rows, ROWS), num_groups); one program fills ROWS
     # destination rows of one group, COLS columns at a time.
     _gather_block_tables_kernel.launch(
         device,
-        (triton.cdiv(num_rows, rows), num_groups),
+        (_cdiv(num_rows, rows), num_groups),
         idx_mapping,
         idx_mapping.shape[0],
         num_rows,
@@ -270,56 +326,88 @@ def _compute_slot_mappings_kernel(
     positions,  # [num_positions]
     num_positions,
     table_ptrs,  # uint64 [num_groups] persistent block tables
-    table_strides,  # int64 [num_groups]
-    widths,  # int32 [num_groups]
-    block_sizes,  # int64 [num_groups]
-    group_cp_sizes,  # int64 [num_groups]: cp_size if DCP-sharded else 1
-    enabled,  # int32 [num_groups]: slot mapping enabled
+    group_params,  # int64 [num_groups, GROUP_PARAMS], see GroupLayout
     cp_rank,
     cp_interleave,
+    interleave_shift,
     out,  # int64 [num_groups, out_len]
     out_stride,
     out_len,
     NUM_GROUPS: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
+    POS32: tl.constexpr,  # every table spans < 2**31 positions: index math in int32
+    POW2: tl.constexpr,  # block sizes, CP sizes and interleave are powers of two
     PAD_ID: tl.constexpr,
     TILE: tl.constexpr,
 ):
-    t = tl.program_id(0) * TILE + tl.arange(0, TILE)  # [TILE] token index
-    in_buf = t < out_len
-    num_tokens = tl.load(query_start_loc + num_reqs)
-    real = (t < num_tokens) & (t < num_positions)
-    # Binary search: the batch entry b with qsl[b] <= t < qsl[b + 1].
-    lo = tl.full([TILE], 0, dtype=tl.int32)
-    hi = lo + num_reqs
+    t0 = tl.program_id(0) * TILE
+    t = t0 + tl.arange(0, TILE)  # [TILE] token index
+    # Batch entry of the tile's first and last token, by scalar binary search:
+    # the entry b with qsl[b] <= t < qsl[b + 1], or num_reqs past the batch.
+    first = tl.full([], 0, dtype=tl.int32)
+    last = first + num_reqs
+    hi0 = first + num_reqs
+    lo1 = first
     for _ in range(SEARCH_STEPS):
-        mid = (lo + hi) // 2
-        active = lo < hi
-        end = tl.load(query_start_loc + mid + 1, mask=real & active, other=0)
-        right = end <= t
-        lo = tl.where(active & right, mid + 1, lo)
-        hi = tl.where(active & (right == 0), mid, hi)
-    r = tl.load(idx_mapping + lo, mask=real, other=-1).to(tl.int64)
+        mid0 = (first + hi0) // 2
+        go0 = (first < hi0) & (tl.load(query_start_loc + mid0 + 1, mask=first < hi0) <= t0)
+        hi0 = tl.where((first < hi0) & (go0 == 0), mid0, hi0)
+        first = tl.where(go0, mid0 + 1, first)
+        mid1 = (lo1 + last) // 2
+        go1 = (lo1 < last) & (tl.load(query_start_loc + mid1 + 1, mask=lo1 < last) <= t0 + TILE - 1)
+        last = tl.where((lo1 < last) & (go1 == 0), mid1, last)
+        lo1 = tl.where(go1, mid1 + 1, lo1)
+    b = tl.full([TILE], 0, dtype=tl.int32) + first
+    if last > first:
+        # The tile spans several entries: search each token within [first, last].
+        lo = b
+        hi = b - first + last
+        for _ in range(SEARCH_STEPS):
+            mid = (lo + hi) // 2
+            active = lo < hi
+            end = tl.load(query_start_loc + mid + 1, mask=active, other=0)
+            right = end <= t
+            lo = tl.where(active & right, mid + 1, lo)
+            hi = tl.where(active & (right == 0), mid, hi)
+        b = lo
+    real = (b < num_reqs) & (t < num_positions)
+    r = tl.load(idx_mapping + b, mask=real, other=-1).to(tl.int64)
     owned = real & (r >= 0) & (r < max_num_reqs)
-    p = tl.load(positions + t, mask=owned, other=0).to(tl.int64)
-    for g in range(NUM_GROUPS):
-        block_size = tl.load(block_sizes + g)
-        cp = tl.load(group_cp_sizes + g)
-        virtual = block_size * cp
-        col = p // virtual
-        o = p - col * virtual
+    p = tl.load(positions + t, mask=real, other=0).to(tl.int64)
+    # A position past 2**31 lies outside every table when POS32 holds.
+    in_range = owned & (p >= 0) & (p < (2**31 if POS32 else 2**62))
+    if POS32:
+        p = tl.where(in_range, p, 0).to(tl.int32)
+    for g in tl.static_range(NUM_GROUPS):
+        params = group_params + g * 6
+        block_size = tl.load(params + 0).to(p.dtype)
+        cp = tl.load(params + 1).to(p.dtype)
+        limit = tl.load(params + 2)  # table columns; 0 when the group is disabled
         # An unsharded group (cp == 1) has owner 0 and local offset o on every rank.
         # Scalar flags enter as integers: Triton's interpreter mis-types
         # `scalar_bool | block_bool`.
         rank = tl.where(cp == 1, 0, cp_rank)
-        mine = (o // cp_interleave) % cp == rank
-        local = (o // (cp_interleave * cp)) * cp_interleave + o % cp_interleave
-        limit = tl.load(widths + g) * tl.load(enabled + g)  # 0 columns when disabled
-        ok = owned & mine & (p >= 0) & (col < limit)
+        if POW2:
+            block_shift = tl.load(params + 4).to(p.dtype)
+            cp_shift = tl.load(params + 5).to(p.dtype)
+            col = p >> (block_shift + cp_shift)
+            o = p & ((block_size << cp_shift) - 1)
+            mine = ((o >> interleave_shift) & (cp - 1)) == rank
+            local = ((o >> (interleave_shift + cp_shift)) << interleave_shift) | (
+                o & (cp_interleave - 1)
+            )
+        else:
+            virtual = block_size * cp
+            col = p // virtual
+            o = p - col * virtual
+            mine = (o // cp_interleave) % cp == rank
+            local = (o // (cp_interleave * cp)) * cp_interleave + o % cp_interleave
+        ok = in_range & mine & (col < limit)
         table = tl.load(table_ptrs + g).to(tl.pointer_type(tl.int32))
-        block = tl.load(table + r * tl.load(table_strides + g) + col, mask=ok, other=0)
-        slot = tl.where(ok, block.to(tl.int64) * block_size + local, PAD_ID)
-        tl.store(out + g * out_stride + t, slot, mask=in_buf)
+        block = tl.load(table + r * tl.load(params + 3) + col, mask=ok, other=0)
+        slot = block.to(tl.int64) * block_size.to(tl.int64) + local.to(tl.int64)
+        slot = tl.where(ok, slot, PAD_ID)
+        tl.store(out + g * out_stride + t, slot, mask=t < out_len)
 
 
 def compute_slot_mappings(
@@ -327,45 +415,44 @@ def compute_slot_mappings(
     query_start_loc: torch.Tensor,
     positions: torch.Tensor,
     max_num_reqs: int,
-    table_ptrs: torch.Tensor,
-    table_strides: torch.Tensor,
-    widths: torch.Tensor,
-    block_sizes: torch.Tensor,
-    group_cp_sizes: torch.Tensor,
-    enabled: torch.Tensor,
+    layout: GroupLayout,
     cp_rank: int,
     cp_interleave: int,
     out: torch.Tensor,
 ) -> None:
-    """Fill every entry of `out` `[num_groups, out_len]`: SPEC.md section 2 or `PAD_SLOT_ID`."""
+    """Fill every entry of `out` `[num_groups, out_len]`: SPEC.md section 2 or `PAD_SLOT_ID`.
+
+    Index arithmetic runs in int32 when every table spans fewer than 2**31
+    positions, and in shifts and masks when every size is a power of two:
+    int64 division is emulated on GPUs and dominated the kernel's time.
+    """
     device = out.device
-    num_reqs = idx_mapping.shape[0]
     num_groups, out_len = out.shape
     tile = 8192 if _on_cpu(device) else 1024
+    pow2 = layout.pow2 and _is_pow2(cp_interleave)
     # grid: (cdiv(out_len, TILE),); one program maps TILE tokens of the buffer
-    # for every group, finding each token's request by binary search.
+    # for every group, finding each token's batch entry by binary search.
     _compute_slot_mappings_kernel.launch(
         device,
-        (triton.cdiv(out_len, tile),) if num_groups else (0,),
+        (_cdiv(out_len, tile),) if num_groups else (0,),
         idx_mapping,
-        num_reqs,
+        idx_mapping.shape[0],
         max_num_reqs,
         query_start_loc,
         positions,
         positions.shape[0],
-        table_ptrs,
-        table_strides,
-        widths,
-        block_sizes,
-        group_cp_sizes,
-        enabled,
+        layout.table_ptrs,
+        layout.params,
         cp_rank,
         cp_interleave,
+        cp_interleave.bit_length() - 1,
         out,
         out.stride(0),
         out_len,
         NUM_GROUPS=num_groups,
         SEARCH_STEPS=_search_steps(max_num_reqs),
+        POS32=layout.max_span < 2**31,
+        POW2=pow2,
         PAD_ID=PAD_SLOT_ID,
         TILE=tile,
     )

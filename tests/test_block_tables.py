@@ -372,3 +372,33 @@ def test_layout_tensors_follow_reallocated_tables(pair):
     p.gather([0], 1)
     assert p.bt.block_tables[0].gpu[0, 0].item() == 3
     assert p.bt.input_block_tables[0][0, 0].item() == 3
+
+
+def test_positions_past_int32_in_a_huge_table(pair):
+    """A table spanning more than 2**31 positions takes the int64 index path."""
+    bs = 2**20
+    p = pair(**small(block_sizes=[bs], max_num_blocks_per_group=[4096], cp_size=2, cp_rank=1))
+    p.append(0, (list(range(1, 2050)),))
+    p.bt.apply_staged_writes()
+    far = 2**31 + 5  # virtual block 1024 (id 1025), offset 5: odd, so rank 1 owns it
+    out = p.slots([0], [0, 2], [far, far + 1], 2)
+    assert out[0, 0] == 1025 * bs + 2 and out[0, 1] == P
+
+
+def test_long_prefill_spanning_many_tiles(pair):
+    """Tiles wholly inside one request skip the per-token search; their slots must not."""
+    n = 20_000
+    p = pair(
+        block_sizes=[16, 12],
+        max_num_reqs=3,
+        max_num_batched_tokens=n + 8,
+        max_num_blocks_per_group=[700, 1700],
+        cp_size=3,
+        cp_rank=2,
+        cp_interleave=4,
+        dcp_sharded=[True, False],
+    )
+    p.append(2, (list(range(1000, 1700)), list(range(5000, 6700))))
+    p.append(0, ([9], [8]))
+    p.bt.apply_staged_writes()
+    p.slots([-1, 2, 0], [0, 3, 3 + n, 5 + n], [7, 8, 9, *range(100, 100 + n), 0, 1], n + 8)

@@ -19,12 +19,12 @@ SEEDS = range(24)
 
 def random_config(rng: np.random.Generator) -> dict:
     num_groups = int(rng.integers(1, 5))
-    cp_size = int(rng.choice([1, 1, 2, 4, 8]))
-    block_sizes = [int(rng.choice([1, 2, 4, 8, 16, 64])) for _ in range(num_groups)]
+    cp_size = int(rng.choice([1, 1, 2, 3, 4, 8]))
+    block_sizes = [int(rng.choice([1, 2, 4, 8, 12, 16, 64])) for _ in range(num_groups)]
     sharded = [bool(rng.random() < 0.7) for _ in range(num_groups)]
     # The interleave must divide every sharded group's block size.
     limit = min([bs for bs, s in zip(block_sizes, sharded) if s] or [16])
-    interleave = int(rng.choice([i for i in (1, 2, 4, 8, 16, 64) if limit % i == 0]))
+    interleave = int(rng.choice([i for i in (1, 2, 3, 4, 8, 16, 64) if limit % i == 0]))
     return dict(
         block_sizes=block_sizes,
         max_num_reqs=int(rng.integers(1, 9)),
