@@ -15,17 +15,20 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.fixture(params=DEVICES)
-def device(request) -> torch.device:
-    """Every test that takes `device` runs on CPU (interpreter) and, where present, CUDA."""
+def torch_device(request) -> torch.device:
+    """Every test that takes `torch_device` runs on CPU (interpreter) and, where present, CUDA.
+
+    (Not `device`: that name belongs to the multi-rank plugin's per-rank fixture.)
+    """
     return torch.device(request.param)
 
 
 class Pair:
     """A `BlockTables` under test and the reference model fed the same calls."""
 
-    def __init__(self, device: torch.device, **kwargs) -> None:
-        self.device = device
-        self.bt = BlockTables(device=device, **kwargs)
+    def __init__(self, torch_device: torch.device, **kwargs) -> None:
+        self.device = torch_device
+        self.bt = BlockTables(device=torch_device, **kwargs)
         self.ref = ReferenceBlockTables(BlockTablesConfig(**kwargs))
 
     def tensor(self, values, dtype=torch.int32) -> torch.Tensor:
@@ -67,11 +70,11 @@ class Pair:
 
 
 @pytest.fixture
-def pair(device) -> Callable[..., Pair]:
-    """Factory: `pair(block_sizes=..., ...)` builds a `Pair` on the test's `device`
+def pair(torch_device) -> Callable[..., Pair]:
+    """Factory: `pair(block_sizes=..., ...)` builds a `Pair` on the test's `torch_device`
     (or on the device named by `on=`)."""
 
     def build(on: str | None = None, **kwargs) -> Pair:
-        return Pair(torch.device(on) if on else device, **kwargs)
+        return Pair(torch.device(on) if on else torch_device, **kwargs)
 
     return build

@@ -323,27 +323,27 @@ def test_single_group_uses_its_own_apply(pair, monkeypatch):
     assert calls == [1]
 
 
-def test_zero_groups(device):
-    bt = BlockTables([], 4, 8, [], device)
+def test_zero_groups(torch_device):
+    bt = BlockTables([], 4, 8, [], torch_device)
     assert bt.num_kv_cache_groups == 0 and bt.fused_writer is None
     bt.append_block_ids(0, (), False)
     bt.apply_staged_writes()
-    idx = torch.tensor([0], dtype=torch.int32, device=device)
+    idx = torch.tensor([0], dtype=torch.int32, device=torch_device)
     assert bt.gather_block_tables(idx, 2) == ()
-    qsl = torch.tensor([0, 1], dtype=torch.int32, device=device)
-    pos = torch.tensor([0], dtype=torch.int64, device=device)
+    qsl = torch.tensor([0, 1], dtype=torch.int32, device=torch_device)
+    pos = torch.tensor([0], dtype=torch.int64, device=torch_device)
     assert bt.compute_slot_mappings(idx, qsl, pos, 4).shape == (0, 4)
     assert bt.get_dummy_block_tables(2) == ()
     assert bt.get_dummy_slot_mappings(2).shape == (0, 2)
 
 
-def test_public_state(device):
+def test_public_state(torch_device):
     bt = BlockTables(
         [16, 32],
         8,
         64,
         [4, 2],
-        device,
+        torch_device,
         cp_size=4,
         cp_rank=2,
         cp_interleave=8,

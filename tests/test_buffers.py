@@ -10,8 +10,8 @@ from cp_blocktables import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor
 from cp_blocktables._jit import launch_counts
 
 
-def test_pool_round_robin_keeps_earlier_buffers(device):
-    pool = UvaBufferPool(4, torch.int32, max_concurrency=2, device=device)
+def test_pool_round_robin_keeps_earlier_buffers(torch_device):
+    pool = UvaBufferPool(4, torch.int32, max_concurrency=2, device=torch_device)
     a = pool.copy_to_uva([1, 2])
     b = pool.copy_to_uva([3, 4, 5])
     assert a.data_ptr() != b.data_ptr()
@@ -21,25 +21,25 @@ def test_pool_round_robin_keeps_earlier_buffers(device):
     assert b.tolist() == [3, 4, 5]
 
 
-def test_pool_grows_to_next_power_of_two(device):
-    pool = UvaBufferPool((2, 3), torch.int64, max_concurrency=1, device=device)
+def test_pool_grows_to_next_power_of_two(torch_device):
+    pool = UvaBufferPool((2, 3), torch.int64, max_concurrency=1, device=torch_device)
     v = pool.copy_to_uva(np.arange(15).reshape(5, 3))
     assert v.shape == (5, 3)
     assert pool._buffers[0].cpu.shape == (8, 3)
     np.testing.assert_array_equal(v.cpu().numpy(), np.arange(15).reshape(5, 3))
 
 
-def test_pool_copy_to_gpu_is_a_device_copy(device):
-    pool = UvaBufferPool(4, torch.float32, device=device)
-    out = torch.zeros(3, device=device)
+def test_pool_copy_to_gpu_is_a_device_copy(torch_device):
+    pool = UvaBufferPool(4, torch.float32, device=torch_device)
+    out = torch.zeros(3, device=torch_device)
     pool.copy_to_gpu([1.5, 2.5, 3.5], out=out)
     assert out.tolist() == [1.5, 2.5, 3.5]
     fresh = pool.copy_to_gpu([7.0])
-    assert fresh.device.type == device.type and fresh.tolist() == [7.0]
+    assert fresh.device.type == torch_device.type and fresh.tolist() == [7.0]
 
 
-def test_uva_backed_tensor_publishes_snapshots(device):
-    t = UvaBackedTensor((2, 3), torch.int32, device=device)
+def test_uva_backed_tensor_publishes_snapshots(torch_device):
+    t = UvaBackedTensor((2, 3), torch.int32, device=torch_device)
     t.np[1, 2] = 5
     assert t.gpu[1, 2].item() == 0, "host edits stay private until published"
     first = t.copy_to_uva()
@@ -50,8 +50,8 @@ def test_uva_backed_tensor_publishes_snapshots(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32], ids=str)
-def test_staged_writes_apply_in_one_launch(device, dtype):
-    t = StagedWriteTensor((3, 5), dtype, device)
+def test_staged_writes_apply_in_one_launch(torch_device, dtype):
+    t = StagedWriteTensor((3, 5), dtype, torch_device)
     t.stage_write(0, 1, [1, 2, 3])
     t.stage_write(2, 0, [4])
     t.stage_write(1, 4, [])
@@ -69,16 +69,16 @@ def test_staged_writes_apply_in_one_launch(device, dtype):
     )
 
 
-def test_staged_write_elem_on_1d(device):
-    t = StagedWriteTensor(6, torch.int64, device)
+def test_staged_write_elem_on_1d(torch_device):
+    t = StagedWriteTensor(6, torch.int64, torch_device)
     t.stage_write_elem(4, 2**40)
     t.stage_write_elem(0, -3)
     t.apply_write()
     assert t.gpu.cpu().tolist() == [-3, 0, 0, 0, 2**40, 0]
 
 
-def test_overlapping_staged_writes_last_wins(device):
-    t = StagedWriteTensor((2, 8), torch.int32, device)
+def test_overlapping_staged_writes_last_wins(torch_device):
+    t = StagedWriteTensor((2, 8), torch.int32, torch_device)
     t.stage_write(0, 0, [1, 1, 1, 1, 1, 1])
     t.stage_write(1, 0, [5, 5])
     t.stage_write(0, 2, [2, 2])
@@ -89,8 +89,8 @@ def test_overlapping_staged_writes_last_wins(device):
     assert t.gpu[1].cpu().tolist() == [5, 5, 0, 0, 0, 0, 0, 0]
 
 
-def test_clear_staged_writes(device):
-    t = StagedWriteTensor((2, 2), torch.int32, device)
+def test_clear_staged_writes(torch_device):
+    t = StagedWriteTensor((2, 2), torch.int32, torch_device)
     t.stage_write(0, 0, [1])
     t.clear_staged_writes()
     t.apply_write()
@@ -109,8 +109,8 @@ def test_staged_write_outside_tensor_is_refused():
     assert not t._staged_write_indices
 
 
-def test_many_writes_grow_buffers(device):
-    t = StagedWriteTensor((4, 600), torch.int32, device)
+def test_many_writes_grow_buffers(torch_device):
+    t = StagedWriteTensor((4, 600), torch.int32, torch_device)
     for i in range(600):
         t.stage_write_elem(i % 4, i)  # every row overwritten many times: last wins
     t.stage_write(3, 10, list(range(500)))
@@ -120,14 +120,18 @@ def test_many_writes_grow_buffers(device):
     np.testing.assert_array_equal(got[3, 10:510], np.arange(500))
 
 
-def test_fused_writer_one_launch_for_all_tensors(device):
-    tensors = [StagedWriteTensor((3, w), torch.int32, device) for w in (2, 4, 8)]
-    ptrs = torch.tensor([t.gpu.data_ptr() for t in tensors], dtype=torch.uint64, device=device)
-    strides = torch.tensor([t.gpu.stride(0) for t in tensors], dtype=torch.int64, device=device)
+def test_fused_writer_one_launch_for_all_tensors(torch_device):
+    tensors = [StagedWriteTensor((3, w), torch.int32, torch_device) for w in (2, 4, 8)]
+    ptrs = torch.tensor(
+        [t.gpu.data_ptr() for t in tensors], dtype=torch.uint64, device=torch_device
+    )
+    strides = torch.tensor(
+        [t.gpu.stride(0) for t in tensors], dtype=torch.int64, device=torch_device
+    )
     tensors[0].stage_write(2, 0, [1, 2])
     tensors[2].stage_write(0, 5, [3, 4, 5])
     tensors[2].stage_write(0, 6, [6])
-    writer = FusedStagedWriter(device, max_writes=2)
+    writer = FusedStagedWriter(torch_device, max_writes=2)
     before = sum(launch_counts.values())
     writer.apply(tensors, ptrs, strides)
     assert sum(launch_counts.values()) == before + 1

@@ -76,7 +76,7 @@ def random_batch(rng, p, cfg: dict):
 
 
 @pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed-{s}")
-def test_random_steps_match_reference(pair, device, seed):
+def test_random_steps_match_reference(pair, torch_device, seed):
     rng = np.random.default_rng(seed)
     cfg = random_config(rng)
     p = pair(**cfg)

@@ -16,15 +16,17 @@ POISON = 7
 class RivalPair:
     """A `TorchBlockTables` over fresh zero tables and the reference fed the same calls."""
 
-    def __init__(self, device: torch.device, **kwargs) -> None:
-        self.device = device
+    def __init__(self, torch_device: torch.device, **kwargs) -> None:
+        self.device = torch_device
         self.cfg = BlockTablesConfig(**kwargs)
         tables = [
-            torch.zeros((self.cfg.max_num_reqs, m), dtype=torch.int32, device=device)
+            torch.zeros((self.cfg.max_num_reqs, m), dtype=torch.int32, device=torch_device)
             for m in self.cfg.max_num_blocks_per_group
         ]
         num_blocks = torch.zeros(
-            (self.cfg.num_kv_cache_groups, self.cfg.max_num_reqs), dtype=torch.int32, device=device
+            (self.cfg.num_kv_cache_groups, self.cfg.max_num_reqs),
+            dtype=torch.int32,
+            device=torch_device,
         )
         self.rival = TorchBlockTables(self.cfg, tables, num_blocks)
         self.ref = ReferenceBlockTables(self.cfg)
@@ -126,10 +128,10 @@ def random_batch(rng: np.random.Generator, p: RivalPair):
 
 
 @pytest.mark.parametrize("seed", range(16), ids=lambda s: f"seed-{s}")
-def test_random_steps_match_reference(device, seed):
+def test_random_steps_match_reference(torch_device, seed):
     rng = np.random.default_rng(seed)
     cfg = random_config(rng)
-    p = RivalPair(device, **cfg)
+    p = RivalPair(torch_device, **cfg)
     for step in range(3):
         where = f"seed {seed}, step {step}, config {cfg}"
         random_appends(rng, p)
@@ -147,9 +149,9 @@ def test_random_steps_match_reference(device, seed):
 
 
 @pytest.fixture
-def one_group(device) -> RivalPair:
+def one_group(torch_device) -> RivalPair:
     return RivalPair(
-        device, block_sizes=[4], max_num_reqs=3, max_num_batched_tokens=12,
+        torch_device, block_sizes=[4], max_num_reqs=3, max_num_batched_tokens=12,
         max_num_blocks_per_group=[6],
     )  # fmt: skip
 
@@ -194,9 +196,9 @@ def test_empty_batch_fills_pad(one_group):
     p.assert_slots(np.zeros(0, np.int32), [0], np.zeros(0, np.int64))
 
 
-def test_capacity_overflow_stages_nothing(device):
+def test_capacity_overflow_stages_nothing(torch_device):
     p = RivalPair(
-        device, block_sizes=[4, 4], max_num_reqs=2, max_num_batched_tokens=4,
+        torch_device, block_sizes=[4, 4], max_num_reqs=2, max_num_batched_tokens=4,
         max_num_blocks_per_group=[4, 2],
     )  # fmt: skip
     with pytest.raises(RuntimeError, match="group 1"):
