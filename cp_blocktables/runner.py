@@ -50,6 +50,7 @@ class VerifyOptions:
     timeout: float = 120.0
     device: str = "auto"
     keep_going: bool = False
+    fail_fast: bool = False
     report_path: str | None = None
     junit_path: str | None = None
     plot_path: str | None = None
@@ -67,6 +68,7 @@ class VerifyOptions:
             "cp_size": self.cp_size,
             "steps": self.steps,
             "keep_going": self.keep_going,
+            "fail_fast": self.fail_fast,
             "harness": HARNESS_VERSION,
             "torch": torch.__version__,
         }
@@ -519,8 +521,13 @@ def _run(comm: Comm, opts: VerifyOptions, t0: float) -> int:
     totals = _RankTotals()
     results = []
     for spec, cls in loaded:
-        for p in chosen:
-            results.append(_PresetRun(comm, opts, spec, cls, p, progress, totals).run())
+        for i, p in enumerate(chosen):
+            result = _PresetRun(comm, opts, spec, cls, p, progress, totals).run()
+            results.append(result)
+            if opts.fail_fast and _any_failed(comm, result, p.name):
+                if progress is not None:
+                    progress.advance(sum(q.num_steps for q in chosen[i + 1 :]))
+                break
     if progress is not None:
         progress.close()
     rank_info = {
@@ -548,6 +555,12 @@ def _run(comm: Comm, opts: VerifyOptions, t0: float) -> int:
     if comm.rank == 0:
         run.emit()
     return 0 if run.passed() else 1
+
+
+def _any_failed(comm: Comm, result: dict | None, preset: str) -> bool:
+    """Whether any CP group's leader saw a violation in this preset (all ranks learn it)."""
+    failed = bool(result and (result["violations"] or result["violation_counts"]))
+    return any(comm.all_gather_object(failed, f"verdict of preset {preset}"))
 
 
 def _max_rss_mb() -> float:

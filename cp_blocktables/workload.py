@@ -283,7 +283,7 @@ class _Generator:
             and budget > 0
             and (
                 rng.random() < (0.7 if len(self.running) < p.max_batch_reqs else 0.15)
-                or (p.fill_batches and not scheduled)
+                or p.fill_batches
             )
         ):
             req = self._admit(step)
