@@ -36,7 +36,10 @@ def _run_once(preset: str, world_size: int, seed: int, impl: str) -> tuple[int, 
         t0 = time.monotonic()
         code = spawn_local(world_size, lambda: run_rank(opts), opts.timeout)
         wall = time.monotonic() - t0
-        data = json.load(open(path)) if os.path.exists(path) else {}
+        data = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                data = json.load(f)
     return code, wall, data
 
 
