@@ -307,8 +307,13 @@ def _die_with_parent() -> None:
 
 
 def _wait(procs: list, timeout: float) -> int:
-    grace = timeout + 15.0
-    failed_at = None
+    """Wait for every rank; once one failed, give the rest a grace period, then kill them.
+
+    A rank that failed cleanly (exit 1 or 2) has printed its diagnosis, and
+    the peers it waited on are hung: 5 s. A rank that crashed has not, and its
+    peers need up to the collective timeout to notice and say so.
+    """
+    failed_at, grace = None, 0.0
     while True:
         codes = [p.exitcode for p in procs]
         if all(c is not None for c in codes):
@@ -316,6 +321,7 @@ def _wait(procs: list, timeout: float) -> int:
         bad = [c for c in codes if c not in (None, 0)]
         if bad and failed_at is None:
             failed_at = time.monotonic()
+            grace = 5.0 if all(c in (1, 2) for c in bad) else timeout + 5.0
         if failed_at is not None and time.monotonic() - failed_at > grace:
             alive = [r for r, c in enumerate(codes) if c is None]
             print(

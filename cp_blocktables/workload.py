@@ -177,6 +177,7 @@ class _Generator:
         self.prev_num_tokens = 0
         self.rows_high = 0
         self.plot_uid: int | None = None
+        self.step_index = 0
         self.real_tokens = 0
         self.hasher = hashlib.sha256()
 
@@ -186,12 +187,13 @@ class _Generator:
         steps = []
         p = self.p
         for s in range(p.num_steps):
+            self.step_index = s
             if s < p.warmup_steps:
                 step = self._warmup_step(s)
             elif (
                 0 < s < p.num_steps - 1
                 and steps[-1].kind == "real"
-                and (self.rng.random() < p.dummy_run_prob or self._overdue("dummy_run", s))
+                and (self.rng.random() < p.dummy_run_prob or self._overdue("dummy_run"))
             ):
                 step = self._dummy_step(s)
             else:
@@ -259,6 +261,7 @@ class _Generator:
     # ------------------------------------------------------------ scheduling
 
     def _schedule(self, step: Step) -> list[tuple[_Request, int]]:
+        """Running requests and admissions, in either order, within a token budget."""
         p, rng = self.p, self.rng
         cap = p.max_num_batched_tokens - 16
         if p.fill_batches:
@@ -268,15 +271,27 @@ class _Generator:
         else:
             budget = int(rng.integers(1, cap + 1))
         scheduled: list[tuple[_Request, int]] = []
-        order = sorted(self.running.values(), key=lambda r: r.uid)
-        for i in rng.permutation(len(order)).tolist():
-            req = order[i]
+        running = sorted(self.running.values(), key=lambda r: r.uid)
+        starving = any(
+            self._overdue(c)
+            for c in ("request_finished", "row_reused", "block_reused", "prefix_cached_start")
+        )
+        if starving or rng.random() < 0.3:
+            budget = self._admit_some(step, scheduled, budget)
+        order = [running[i] for i in rng.permutation(len(running)).tolist()]
+        order.sort(key=lambda r: r.nct < r.prompt_len)  # decodes first, as engines do
+        for req in order:
             if len(scheduled) >= p.max_batch_reqs or budget <= 0:
                 break
             n = self._tokens_for(req, budget)
             if n > 0:
                 scheduled.append((req, n))
                 budget -= n
+        self._admit_some(step, scheduled, budget)
+        return scheduled
+
+    def _admit_some(self, step: Step, scheduled: list, budget: int) -> int:
+        p, rng = self.p, self.rng
         while (
             self.free_rows
             and len(scheduled) < p.max_batch_reqs
@@ -290,7 +305,7 @@ class _Generator:
             n = self._tokens_for(req, budget)
             scheduled.append((req, n))
             budget -= n
-        return scheduled
+        return budget
 
     def _tokens_for(self, req: _Request, budget: int) -> int:
         p = self.p
@@ -355,11 +370,11 @@ class _Generator:
             return len(self.free_rows) - 1
         return int(self.rng.integers(len(self.free_rows)))
 
-    def _overdue(self, corner: str, step: int | None = None) -> bool:
-        """A promised corner still unreached when little of the run is left: force it."""
+    def _overdue(self, corner: str) -> bool:
+        """A promised corner still unreached after a third of the run: force it."""
         if corner not in self.p.corners or self.corners[corner]:
             return False
-        return step is None or step >= self.p.num_steps // 2
+        return self.step_index >= self.p.num_steps // 3
 
     def _new_uid(self) -> int:
         self.next_uid += 1
