@@ -7,8 +7,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 VERIFY_ARGS ?=
+# bench: auto = cuda when torch sees a GPU, else cpu (Triton interpreter, reduced sizes).
+BENCH_DEVICE ?= auto
+BENCH_ARGS ?=
 
-.PHONY: install test lint verify clean
+.PHONY: install test lint verify clean bench
 
 install: $(STAMP)
 
@@ -28,6 +31,9 @@ verify: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check cp_blocktables tests launch
 	$(PY) -m ruff format --check cp_blocktables tests launch
+
+bench: $(STAMP)
+	$(PY) -m cp_blocktables.bench --device $(BENCH_DEVICE) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
