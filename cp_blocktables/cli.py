@@ -97,8 +97,11 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--keep-going", action="store_true", help="run every step even after a violation"
     )
-    p.add_argument("--fail-fast", action="store_true",
-                   help="stop testing an implementation after its first failing preset")
+    p.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="stop testing an implementation after its first failing preset",
+    )
     p.add_argument("--report", metavar="PATH", help="write every figure as JSON")
     p.add_argument("--junit", metavar="PATH", help="write JUnit XML (a case per preset and rank)")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of token ownership by rank")

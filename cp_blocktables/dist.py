@@ -94,6 +94,7 @@ class Comm:
         self._seq = 0
         self._groups: dict[int, tuple[object, object, list[int]]] = {}
         self._store = None
+        self._objects = None  # gloo group of the world for objects when the backend is NCCL
 
     # ------------------------------------------------------------ setup
 
@@ -117,6 +118,8 @@ class Comm:
             ) from None
         with contextlib.suppress(Exception):
             self._store = dist.distributed_c10d._get_default_store()
+        if self.backend != "gloo":
+            self._objects = dist.new_group(timeout=timedelta(seconds=self.timeout), backend="gloo")
 
     def close(self) -> None:
         if dist.is_initialized():
@@ -141,7 +144,7 @@ class Comm:
             for start in range(0, self.world_size, cp_size):
                 ranks = list(range(start, start + cp_size))
                 if cp_size == self.world_size:
-                    groups = (None, None)
+                    groups = (None, self._objects)
                 else:
                     t = dist.new_group(ranks, timeout=timedelta(seconds=self.timeout))
                     o = (
@@ -162,9 +165,14 @@ class Comm:
     def all_gather_object(
         self, obj: object, label: str, group: object = None, ranks: list[int] | None = None
     ) -> list:
-        """Every rank's `obj`, in rank order; `PeerError` naming absent ranks on failure."""
+        """Every rank's `obj`, in rank order; `PeerError` naming absent ranks on failure.
+
+        Objects always travel over gloo (a host-side group under NCCL), so that
+        a lost peer surfaces as a timeout here rather than as an NCCL abort.
+        """
         size = len(ranks) if ranks is not None else self.world_size
         out = [None] * size
+        group = group if group is not None else self._objects
         self._collective(label, ranks, lambda: dist.all_gather_object(out, obj, group=group))
         return out
 
