@@ -6,6 +6,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+VERIFY_ARGS ?=
 # bench: auto = cuda when torch sees a GPU, else cpu (Triton interpreter, reduced sizes).
 BENCH_DEVICE ?= auto
 BENCH_ARGS ?=
@@ -22,6 +23,10 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -n auto $(PYTEST_ARGS)
+
+# The default preset sweep (cp_size 1, 2, 4 and 8) on CPU: 8 spawned gloo ranks.
+verify: $(STAMP)
+	$(PY) -m cp_blocktables verify --world-size 8 $(VERIFY_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check cp_blocktables tests launch

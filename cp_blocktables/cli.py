@@ -1,0 +1,248 @@
+"""`cp-blocktables` / `python -m cp_blocktables`: subcommands and exit codes.
+
+Exit codes: 0 every check passed, 1 a violation (or a lost peer), 2 bad usage
+or configuration (a one-line message, no traceback).
+
+Subcommands live in `SUBCOMMANDS`: a name maps to a help line, a function
+that adds its arguments to its parser, and a function that runs it and
+returns the exit code. `bench` has its own registry of actions,
+`BENCH_ACTIONS`, so that more benchmarks can join `harness`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import presets
+from .impl_loader import DEFAULT_IMPL, ImplSpecError, load_impl
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+class UsageError(Exception):
+    """Bad usage or configuration: exit code 2 with this message."""
+
+
+# ---------------------------------------------------------------- verify
+
+
+def _positive(kind: type) -> Callable[[str], float]:
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a positive {kind.__name__}, got {text!r}"
+            ) from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text}")
+        return value
+
+    return parse
+
+
+def add_verify_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--impl",
+        action="append",
+        metavar="MODULE:ATTR",
+        help=f"implementation under test (repeatable; default {DEFAULT_IMPL}); "
+        f"MODULE may be a dotted name or a .py path",
+    )
+    p.add_argument(
+        "--preset",
+        action="append",
+        metavar="NAME",
+        help="preset or alias (repeatable; default: sweep); see --list-presets",
+    )
+    p.add_argument("--seed", type=int, default=0, help="workload seed (CP group j uses seed+j)")
+    p.add_argument(
+        "--world-size",
+        type=_positive(int),
+        default=4,
+        help="ranks to spawn when not under torchrun (default 4)",
+    )
+    p.add_argument(
+        "--cp-size",
+        type=_positive(int),
+        default=None,
+        help="run every preset with this CP size (CP groups of the world)",
+    )
+    p.add_argument(
+        "--steps",
+        type=_positive(int),
+        default=None,
+        help="steps per preset instead of the preset's own count",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="collective backend (auto: nccl when every rank has a GPU, else gloo)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=120.0,
+        help="seconds a collective may wait for a peer (default 120)",
+    )
+    p.add_argument(
+        "--keep-going", action="store_true", help="run every step even after a violation"
+    )
+    p.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="stop testing an implementation after its first failing preset",
+    )
+    p.add_argument("--report", metavar="PATH", help="write every figure as JSON")
+    p.add_argument("--junit", metavar="PATH", help="write JUnit XML (a case per preset and rank)")
+    p.add_argument("--plot", metavar="PATH", help="write a PNG of token ownership by rank")
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+    p.add_argument("--quiet", action="store_true", help="print only the verdict")
+    p.add_argument("--list-presets", action="store_true", help="list presets and exit")
+
+
+def verify_options(args: argparse.Namespace):
+    """`VerifyOptions` from parsed arguments, checked for the world it will run in."""
+    from .dist import RankEnv
+    from .runner import VerifyOptions, plan
+
+    try:
+        env = RankEnv.from_environ()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    opts = VerifyOptions(
+        impls=args.impl or [DEFAULT_IMPL],
+        presets=args.preset or ["sweep"],
+        seed=args.seed,
+        cp_size=args.cp_size,
+        steps=args.steps,
+        backend=args.backend,
+        timeout=args.timeout,
+        keep_going=args.keep_going,
+        fail_fast=args.fail_fast,
+        report_path=args.report,
+        junit_path=args.junit,
+        plot_path=args.plot,
+        progress=args.progress,
+        quiet=args.quiet,
+        world_size=env.world_size if env else args.world_size,
+        spawned=env is None,
+    )
+    if opts.spawned and opts.backend == "nccl":
+        raise UsageError(
+            "--backend nccl needs torchrun (one process per GPU); a local spawn "
+            "runs on CPU with gloo"
+        )
+    if opts.spawned:
+        opts.backend = "gloo"
+    try:
+        plan(opts, opts.world_size)
+        for spec in opts.impls:
+            load_impl(spec)
+    except (ImplSpecError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    if opts.plot_path:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError("--plot needs matplotlib (pip install matplotlib)") from None
+    return opts
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    if args.list_presets:
+        for name, p in presets.PRESETS.items():
+            print(
+                f"{name:<16} cp {p.cp_size}, interleave {p.cp_interleave}, "
+                f"{p.num_steps} steps: {p.description}"
+            )
+        for alias, names in presets.ALIASES.items():
+            print(f"{alias:<16} = {' '.join(names)}")
+        return 0
+    opts = verify_options(args)
+    from .dist import spawn_local
+    from .runner import run_rank
+
+    if not opts.spawned:
+        return run_rank(opts)
+    return spawn_local(opts.world_size, lambda: run_rank(opts), opts.timeout)
+
+
+# ---------------------------------------------------------------- bench
+
+
+def _bench_harness(args: argparse.Namespace) -> int:
+    from .harness_bench import bench_harness
+
+    return bench_harness(
+        world_size=args.world_size,
+        preset=args.preset or "default",
+        seed=args.seed,
+        big=not args.no_big,
+    )
+
+
+BENCH_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {"harness": _bench_harness}
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=sorted(BENCH_ACTIONS), help="what to measure")
+    p.add_argument("--world-size", type=_positive(int), default=4, help="ranks (default 4)")
+    p.add_argument("--preset", default=None, help="preset for the harness bench (default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-big", action="store_true", help="skip the 64K-tokens-per-step run")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    return BENCH_ACTIONS[args.action](args)
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "verify": Subcommand(
+        "check that the CP ranks together cover every token exactly once",
+        add_verify_arguments,
+        run_verify,
+    ),
+    "bench": Subcommand(
+        "measure (harness: time, tokens/s and peak RSS per rank)", add_bench_arguments, run_bench
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cp-blocktables",
+        description="Block tables and slot mappings for decode context parallelism.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, cmd in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(p)
+        p.set_defaults(_run=cmd.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args._run(args)
+    except UsageError as e:
+        print(f"cp-blocktables {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("cp-blocktables: interrupted", file=sys.stderr)
+        return 130

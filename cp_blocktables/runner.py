@@ -1,0 +1,568 @@
+"""One rank of a harness run: build the implementation, replay the workload, ship outputs.
+
+Per preset, every rank of a CP group builds the implementation with its own
+`cp_rank`, and per step it (1) appends, applies, gathers and computes slot
+mappings through SPEC.md section 7's surface only, (2) checks what it can see
+alone (returned views against the persistent buffers, dummy views' addresses,
+exceptions), (3) all-gathers a small record (digest of its gathered tables,
+local findings, the leader's verdict so far) and (4) gathers its persistent
+outputs on the group's leader, which runs `checks.GroupChecker`.
+
+Ranks stop a preset together: after a step in which any rank raised, or one
+step after the leader saw the first violation (its verdict rides on the next
+step's record, so the leader's checking overlaps the others' next step).
+At the end every rank all-gathers the results, so all ranks agree on the exit
+code; rank 0 writes the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import checks, presets, report
+from .checks import GroupChecker, Violation
+from .dist import Comm, PeerError, RankEnv, arm_watchdog, choose_backend, disarm_watchdog
+from .impl_loader import ImplSpecError, load_impl
+from .workload import Step, Workload, generate
+
+HARNESS_VERSION = "1"
+
+
+@dataclass
+class VerifyOptions:
+    """Everything a rank needs to run; identical on every rank (check 7 verifies it)."""
+
+    impls: list[str]
+    presets: list[str]
+    seed: int = 0
+    cp_size: int | None = None
+    steps: int | None = None
+    backend: str = "auto"
+    timeout: float = 120.0
+    device: str = "auto"
+    keep_going: bool = False
+    fail_fast: bool = False
+    report_path: str | None = None
+    junit_path: str | None = None
+    plot_path: str | None = None
+    progress: bool | None = None
+    quiet: bool = False
+    world_size: int = 4
+    spawned: bool = False
+    skipped: list[str] = field(default_factory=list)
+
+    def agreement_fields(self) -> dict:
+        return {
+            "impls": self.impls,
+            "presets": self.presets,
+            "seed": self.seed,
+            "cp_size": self.cp_size,
+            "steps": self.steps,
+            "keep_going": self.keep_going,
+            "fail_fast": self.fail_fast,
+            "harness": HARNESS_VERSION,
+            "torch": torch.__version__,
+        }
+
+
+def plan(opts: VerifyOptions, world_size: int) -> tuple[list[presets.Preset], list[str]]:
+    """Presets to run under `world_size` and notes on those skipped; `ValueError` if unusable."""
+    chosen, skipped = [], []
+    explicit = {n for n in opts.presets if n not in presets.ALIASES}
+    for p in presets.resolve(opts.presets):
+        p = p.with_overrides(opts.cp_size, opts.steps)
+        p.validate()
+        if world_size % p.cp_size:
+            msg = (
+                f"preset {p.name} needs cp_size {p.cp_size}, which does not divide world "
+                f"size {world_size}"
+            )
+            if p.name in explicit:
+                raise ValueError(msg)
+            skipped.append(msg)
+            continue
+        chosen.append(p)
+    if not chosen:
+        raise ValueError(f"no preset can run with world size {world_size}: " + "; ".join(skipped))
+    return chosen, skipped
+
+
+# ---------------------------------------------------------------- one step on one rank
+
+
+class _Executor:
+    """Drives one implementation instance through steps; checks what one rank can see."""
+
+    def __init__(self, impl: object, preset: presets.Preset, device: torch.device) -> None:
+        self.impl = impl
+        self.device = device
+        cfg = preset.config(0)
+        self.num_groups = cfg.num_kv_cache_groups
+        self.widths = cfg.max_num_blocks_per_group
+        self.max_reqs = cfg.max_num_reqs
+        self.max_tokens = cfg.max_num_batched_tokens
+        self.num_blocks = np.zeros((self.num_groups, self.max_reqs), dtype=np.int64)
+        self.size = self.num_groups * self.max_tokens + self.max_reqs * sum(self.widths)
+
+    def check_buffers(self) -> list[Violation]:
+        """The persistent buffers' shapes: everything else relies on them."""
+        impl, found = self.impl, []
+        shape = tuple(getattr(impl.slot_mappings, "shape", ()))
+        if shape != (self.num_groups, self.max_tokens):
+            found.append(
+                Violation(
+                    3,
+                    "slot_mappings has the wrong shape",
+                    -1,
+                    expected=str((self.num_groups, self.max_tokens)),
+                    actual=str(shape),
+                )
+            )
+        tables = list(impl.input_block_tables)
+        for g in range(self.num_groups):
+            shape = tuple(tables[g].shape) if g < len(tables) else None
+            if shape != (self.max_reqs, self.widths[g]):
+                found.append(
+                    Violation(
+                        6,
+                        "input_block_tables has the wrong shape",
+                        -1,
+                        g,
+                        expected=str((self.max_reqs, self.widths[g])),
+                        actual=str(shape),
+                    )
+                )
+        return found
+
+    def run(self, step: Step) -> tuple[torch.Tensor, list[Violation], str]:
+        """Execute `step`; returns (persistent outputs flattened `[size]`, findings, digest)."""
+        found = self._dummy(step) if step.kind == "dummy" else self._real(step)
+        return self._bulk(), found, self._digest(step)
+
+    def _real(self, step: Step) -> list[Violation]:
+        impl, dev = self.impl, self.device
+        if step.kind == "warmup":
+            impl.redirect_writes_to_null_block = True
+        try:
+            for a in step.appends:
+                impl.append_block_ids(a.row, tuple(list(ids) for ids in a.block_ids), a.overwrite)
+                self._count(a.row, a.block_ids, a.overwrite)
+        finally:
+            if step.kind == "warmup":
+                impl.redirect_writes_to_null_block = False
+        impl.apply_staged_writes()
+        idx = torch.from_numpy(step.idx_mapping).to(dev)
+        nct = (
+            None
+            if step.num_computed_tokens is None
+            else torch.from_numpy(step.num_computed_tokens).to(dev)
+        )
+        tables = impl.gather_block_tables(idx, step.num_reqs_padded, num_computed_tokens=nct)
+        qsl = torch.from_numpy(step.query_start_loc).to(dev)
+        pos = torch.from_numpy(step.positions).to(dev)
+        slots = impl.compute_slot_mappings(idx, qsl, pos, step.num_tokens_padded)
+        return self._check_views(
+            step.index, tables, step.num_reqs_padded, False
+        ) + self._check_slot_view(step.index, slots, step.num_tokens_padded, False)
+
+    def _dummy(self, step: Step) -> list[Violation]:
+        tables = self.impl.get_dummy_block_tables(step.dummy_num_reqs)
+        slots = self.impl.get_dummy_slot_mappings(step.dummy_num_tokens)
+        return self._check_views(
+            step.index, tables, step.dummy_num_reqs, True
+        ) + self._check_slot_view(step.index, slots, step.dummy_num_tokens, True)
+
+    def _count(self, row: int, ids: tuple, overwrite: bool) -> None:
+        for g, x in enumerate(ids):
+            self.num_blocks[g, row] = (0 if overwrite else self.num_blocks[g, row]) + len(x)
+
+    def _check_views(self, s: int, tables: object, rows: int, same_ptr: bool) -> list[Violation]:
+        persistent = self.impl.input_block_tables
+        tables = list(tables)
+        if len(tables) != self.num_groups:
+            return [Violation(6, f"returned {len(tables)} tables for {self.num_groups} groups", s)]
+        found = []
+        for g, t in enumerate(tables):
+            if tuple(t.shape) != (rows, self.widths[g]):
+                found.append(
+                    Violation(
+                        6,
+                        "returned table has the wrong shape",
+                        s,
+                        g,
+                        expected=str((rows, self.widths[g])),
+                        actual=str(tuple(t.shape)),
+                    )
+                )
+            elif same_ptr and t.data_ptr() != persistent[g].data_ptr():
+                found.append(
+                    Violation(
+                        6,
+                        "get_dummy_block_tables returned a tensor that is not "
+                        "a view of input_block_tables",
+                        s,
+                        g,
+                    )
+                )
+            elif not torch.equal(t.to(torch.int64), persistent[g][:rows].to(torch.int64)):
+                found.append(
+                    Violation(6, f"returned table differs from input_block_tables[:{rows}]", s, g)
+                )
+        return found
+
+    def _check_slot_view(
+        self, s: int, slots: torch.Tensor, n: int, same_ptr: bool
+    ) -> list[Violation]:
+        buf = self.impl.slot_mappings
+        if tuple(slots.shape) != (self.num_groups, n):
+            return [
+                Violation(
+                    3,
+                    "returned slot mapping has the wrong shape",
+                    s,
+                    expected=str((self.num_groups, n)),
+                    actual=str(tuple(slots.shape)),
+                )
+            ]
+        if same_ptr and slots.data_ptr() != buf.data_ptr():
+            return [
+                Violation(
+                    3,
+                    "get_dummy_slot_mappings returned a tensor that is not a view of slot_mappings",
+                    s,
+                )
+            ]
+        if not torch.equal(slots.to(torch.int64), buf[:, :n].to(torch.int64)):
+            return [Violation(3, f"returned slot mapping differs from slot_mappings[:, :{n}]", s)]
+        return []
+
+    def _bulk(self) -> torch.Tensor:
+        impl = self.impl
+        parts = [impl.slot_mappings.reshape(-1).to(torch.int64)]
+        parts += [t.reshape(-1).to(torch.int64) for t in impl.input_block_tables]
+        return torch.cat(parts)
+
+    def empty_bulk(self) -> torch.Tensor:
+        return torch.full((self.size,), -1, dtype=torch.int64, device=self.device)
+
+    def _digest(self, step: Step) -> str:
+        """Hash of the gathered tables' defined part (entries past a row's blocks excluded)."""
+        h = hashlib.sha256()
+        rows = step.dummy_num_reqs if step.kind == "dummy" else step.num_reqs_padded
+        for g, t in enumerate(self.impl.input_block_tables):
+            a = t[:rows].cpu().numpy().astype(np.int64)
+            if step.kind != "dummy":
+                for b, r in enumerate(step.idx_mapping.tolist()):
+                    if r >= 0:
+                        a[b, self.num_blocks[g, r] :] = 0
+            h.update(a.tobytes())
+        return h.hexdigest()[:16]
+
+    def split(self, parts: list[torch.Tensor]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Leader side: slots `[cp, groups, max_tokens]`, per group tables `[cp, rows, width]`."""
+        flat = torch.stack(parts).cpu().numpy()
+        n = self.num_groups * self.max_tokens
+        slots = flat[:, :n].reshape(len(parts), self.num_groups, self.max_tokens)
+        tables, at = [], n
+        for w in self.widths:
+            tables.append(
+                flat[:, at : at + self.max_reqs * w].reshape(len(parts), self.max_reqs, w)
+            )
+            at += self.max_reqs * w
+        return slots, tables
+
+
+# ---------------------------------------------------------------- one preset on one rank
+
+
+@dataclass
+class _RankTotals:
+    tokens: int = 0
+    steps: int = 0
+    busy_s: float = 0.0
+
+
+class _PresetRun:
+    def __init__(
+        self,
+        comm: Comm,
+        opts: VerifyOptions,
+        impl_spec: str,
+        impl_cls: type,
+        preset: presets.Preset,
+        progress: report.Progress | None,
+        totals: _RankTotals,
+    ) -> None:
+        self.comm, self.opts, self.preset = comm, opts, preset
+        self.impl_spec, self.impl_cls = impl_spec, impl_cls
+        self.progress, self.totals = progress, totals
+        c = preset.cp_size
+        self.tgroup, self.ogroup, self.ranks = comm.cp_group(c)
+        self.cp_rank = self.ranks.index(comm.rank)
+        self.cp_index = comm.rank // c
+        self.leader = self.ranks[0]
+        self.is_leader = comm.rank == self.leader
+        self.seed = opts.seed + self.cp_index
+
+    def run(self) -> dict | None:
+        t0 = time.monotonic()
+        workload = generate(self.preset, self.seed)
+        impl, executor, found = self._build()
+        checker = GroupChecker(self.preset, workload) if self.is_leader else None
+        metas = self.comm.all_gather_object(
+            self._start_record(workload, found),
+            f"start of preset {self.preset.name}",
+            self.ogroup,
+            self.ranks,
+        )
+        start = checks.agreement_violations(
+            [m["agree"] for m in metas], f"preset {self.preset.name} start", -1, self.ranks
+        )
+        local = [Violation(**v) for m in metas for v in m["found"]]
+        stop = bool(start or local)
+        if checker is not None:
+            checker.record(start + local)
+        steps_done = 0
+        if not stop:
+            steps_done = self._steps(workload, executor, checker)
+        if self.progress is not None:
+            self.progress.advance(self.preset.num_steps - steps_done)
+        if checker is None:
+            return None
+        if steps_done == len(workload.steps) and checker.first_failed_step is None:
+            checker.record(checker.read_back(len(workload.steps), workload.unfinished))
+        return self._result(workload, checker, time.monotonic() - t0)
+
+    def _build(self) -> tuple[object, _Executor | None, list[Violation]]:
+        cfg = self.preset.config(self.cp_rank)
+        try:
+            impl = self.impl_cls(
+                cfg.block_sizes,
+                cfg.max_num_reqs,
+                cfg.max_num_batched_tokens,
+                cfg.max_num_blocks_per_group,
+                self.comm.device,
+                cp_size=cfg.cp_size,
+                cp_rank=cfg.cp_rank,
+                cp_interleave=cfg.cp_interleave,
+                slot_mapping_enabled=cfg.slot_mapping_enabled,
+                dcp_sharded=cfg.dcp_sharded,
+                sliding_window_reach=cfg.sliding_window_reach,
+            )
+            executor = _Executor(impl, self.preset, self.comm.device)
+            found = executor.check_buffers()
+        except Exception as e:  # noqa: BLE001 - whatever the implementation raises is a finding
+            return None, None, [self._error(-1, "constructor", e)]
+        for v in found:
+            v.rank = self.cp_rank
+        return impl, (None if found else executor), found
+
+    def _start_record(self, workload: Workload, found: list[Violation]) -> dict:
+        definition = json.dumps(self.preset.describe(), sort_keys=True)
+        return {
+            "agree": {
+                "preset": self.preset.name,
+                "cp_size": self.preset.cp_size,
+                "definition": hashlib.sha256(definition.encode()).hexdigest()[:16],
+                "seed": self.seed,
+                "impl": self.impl_spec,
+                "workload_digest": workload.digest[:16],
+            },
+            "found": [v.as_dict() for v in found],
+        }
+
+    def _steps(self, workload: Workload, executor: _Executor, checker: GroupChecker | None) -> int:
+        done = 0
+        for step in workload.steps:
+            arm_watchdog(self.opts.timeout + 60)
+            t = time.monotonic()
+            try:
+                bulk, found, digest = executor.run(step)
+            except Exception as e:  # noqa: BLE001
+                bulk, found, digest = executor.empty_bulk(), [self._error(step.index, "", e)], ""
+            self.totals.busy_s += time.monotonic() - t
+            for v in found:
+                v.rank, v.step = self.cp_rank, step.index
+            failed = checker is not None and checker.first_failed_step is not None
+            label = f"step {step.index} of preset {self.preset.name}"
+            metas = self.comm.all_gather_object(
+                {
+                    "digest": digest,
+                    "found": [v.as_dict() for v in found],
+                    "failed": failed,
+                    "error": any(v.check == 0 for v in found),
+                },
+                label,
+                self.ogroup,
+                self.ranks,
+            )
+            parts = self.comm.gather_tensor(bulk, label, self.leader, self.tgroup, self.ranks)
+            disarm_watchdog()
+            done += 1
+            self.totals.steps += 1
+            self.totals.tokens += step.num_tokens if step.kind == "real" else 0
+            if checker is not None:
+                slots, tables = executor.split(parts)
+                local = [Violation(**v) for m in metas for v in m["found"]]
+                checker.check_step(step, slots, tables, local, [m["digest"] for m in metas])
+            if self.progress is not None:
+                self.progress.advance(1, f"{self.preset.name} step {step.index}")
+            if any(m["error"] for m in metas) or (metas[0]["failed"] and not self.opts.keep_going):
+                break
+        return done
+
+    def _error(self, step: int, where: str, e: Exception) -> Violation:
+        tb = e.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        loc = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}" if tb is not None else ""
+        return Violation(
+            0,
+            f"{where + ' ' if where else ''}raised {type(e).__name__}: {e}{loc}",
+            step,
+            rank=self.cp_rank,
+        )
+
+    def _result(self, workload: Workload, checker: GroupChecker, wall: float) -> dict:
+        p = self.preset
+        enforced = self.opts.cp_size is None and self.opts.steps is None
+        plot = None
+        if checker.plot_points and checker.plot_group is not None:
+            plot = {
+                "request": workload.plot_uid,
+                "group": checker.plot_group,
+                "points": checker.plot_points,
+                "block_size": p.block_sizes[checker.plot_group],
+                "cp_size": p.group_cp_size(checker.plot_group),
+                "interleave": p.cp_interleave,
+            }
+        return {
+            "impl": self.impl_spec,
+            "preset": p.name,
+            "cp_size": p.cp_size,
+            "cp_interleave": p.cp_interleave,
+            "cp_group": self.cp_index,
+            "ranks": self.ranks,
+            "seed": self.seed,
+            "groups": [dataclasses.asdict(g) for g in p.groups],
+            "steps_planned": len(workload.steps),
+            "steps_checked": checker.steps_checked,
+            "tokens_checked": checker.tokens_checked,
+            "corners": workload.corners,
+            "promised": sorted(p.corners),
+            "missing_corners": workload.missing_corners(),
+            "coverage_enforced": enforced,
+            "stats": checker.stat_rows(self.ranks),
+            "violation_counts": {str(k): v for k, v in sorted(checker.counts.items())},
+            "violations": [v.as_dict() for v in checker.violations],
+            "plot": plot,
+            "wall_s": round(wall, 3),
+            "workload_digest": workload.digest,
+        }
+
+
+# ---------------------------------------------------------------- the whole run on one rank
+
+
+def run_rank(opts: VerifyOptions) -> int:
+    """Join the process group, run every preset for every implementation, agree on the verdict."""
+    t0 = time.monotonic()
+    env = RankEnv.from_environ()
+    if env is None:
+        print("cp-blocktables: no torchrun environment (RANK, WORLD_SIZE)", file=sys.stderr)
+        return 2
+    comm = Comm(env, choose_backend(opts.backend, env), opts.timeout)
+    try:
+        comm.init()
+        return _run(comm, opts, t0)
+    except PeerError as e:
+        print(f"cp-blocktables: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        disarm_watchdog()
+        comm.close()
+
+
+def _run(comm: Comm, opts: VerifyOptions, t0: float) -> int:
+    loaded, load_error = [], ""
+    try:
+        loaded = [(spec, load_impl(spec)) for spec in opts.impls]
+        chosen, skipped = plan(opts, comm.world_size)
+    except (ImplSpecError, ValueError) as e:
+        chosen, skipped, load_error = [], [], str(e)
+    records = comm.all_gather_object(
+        {"agree": opts.agreement_fields(), "error": load_error}, "run start"
+    )
+    errors = {r: m["error"] for r, m in enumerate(records) if m["error"]}
+    if errors:
+        if comm.rank == 0:
+            for r, msg in errors.items():
+                print(f"cp-blocktables: rank {r}: {msg}", file=sys.stderr)
+        return 2
+    mismatch = checks.agreement_violations([m["agree"] for m in records], "run options", -1)
+    if mismatch:
+        if comm.rank == 0:
+            for v in mismatch:
+                print(f"cp-blocktables: {v.describe()}", file=sys.stderr)
+        return 1
+    opts.skipped = skipped
+    progress = None
+    if comm.rank == 0:
+        progress = report.Progress(sum(p.num_steps for p in chosen) * len(loaded), opts.progress)
+    totals = _RankTotals()
+    results = []
+    for spec, cls in loaded:
+        for i, p in enumerate(chosen):
+            result = _PresetRun(comm, opts, spec, cls, p, progress, totals).run()
+            results.append(result)
+            if opts.fail_fast and _any_failed(comm, result, p.name):
+                if progress is not None:
+                    progress.advance(sum(q.num_steps for q in chosen[i + 1 :]))
+                break
+    if progress is not None:
+        progress.close()
+    rank_info = {
+        "rank": comm.rank,
+        "max_rss_mb": _max_rss_mb(),
+        "wall_s": round(time.monotonic() - t0, 3),
+        "tokens": totals.tokens,
+        "steps": totals.steps,
+        "busy_s": round(totals.busy_s, 3),
+    }
+    gathered = comm.all_gather_object(
+        {"results": [r for r in results if r], "info": rank_info}, "end of run"
+    )
+    all_results = [r for g in gathered for r in g["results"]]
+    all_results.sort(
+        key=lambda r: (
+            opts.impls.index(r["impl"]),
+            [p.name for p in chosen].index(r["preset"]),
+            r["cp_group"],
+        )
+    )
+    run = report.RunReport(
+        opts, comm.world_size, comm.backend, all_results, [g["info"] for g in gathered]
+    )
+    if comm.rank == 0:
+        run.emit()
+    return 0 if run.passed() else 1
+
+
+def _any_failed(comm: Comm, result: dict | None, preset: str) -> bool:
+    """Whether any CP group's leader saw a violation in this preset (all ranks learn it)."""
+    failed = bool(result and (result["violations"] or result["violation_counts"]))
+    return any(comm.all_gather_object(failed, f"verdict of preset {preset}"))
+
+
+def _max_rss_mb() -> float:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024, 1)

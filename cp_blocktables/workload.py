@@ -1,0 +1,575 @@
+"""The seeded multi-step workload every rank of a CP group replays.
+
+`generate(preset, seed)` plays a small scheduler: it admits requests into free
+rows (rows of finished requests are reused with `overwrite=True`), gives them
+blocks from a per-group allocator (freed blocks go to other requests), runs
+chunked prefill, decode and speculative decode with rejected drafts, frees
+sliding-window blocks that fall wholly below the window, and shapes each batch
+the way an engine does: shuffled batch order, dummy requests, padded token and
+request counts, dummy runs and a warm-up with writes redirected to the null
+block. It knows nothing about CP ranks: every rank gets the same block ids
+(the harness simulates one KV cache per rank, so the same id names that
+rank's own physical block).
+
+Determinism: the output depends only on `(preset, seed)`, so every rank
+generates it alone and the ranks compare `Workload.digest` before they start.
+Every corner of SPEC.md section 6 that a step reaches is counted in
+`Workload.corners`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .presets import CORNERS, Preset
+
+_GARBAGE = 2**40
+"""Upper bound of the junk written where the contract says a value is never read."""
+
+
+@dataclass(frozen=True)
+class Append:
+    """One `append_block_ids` call: `block_ids[g]` for every group."""
+
+    uid: int
+    row: int
+    block_ids: tuple[tuple[int, ...], ...]
+    overwrite: bool
+
+
+@dataclass(frozen=True)
+class Release:
+    """Blocks of group `group` that request `uid` gave back before this step's appends."""
+
+    uid: int
+    group: int
+    block_ids: tuple[int, ...]
+    columns: tuple[int, ...]
+    reason: str  # "finished" or "window"
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request whose KV cache is read back: `seq_len` positions, table row `row`."""
+
+    uid: int
+    row: int
+    seq_len: int
+    prefix_len: int
+
+
+@dataclass
+class Step:
+    """One engine step as the harness drives it.
+
+    `kind` is "real" (append, apply, gather, compute), "warmup" (the same with
+    `redirect_writes_to_null_block` set) or "dummy" (`get_dummy_*` only).
+    Arrays: `idx_mapping` int32 `[num_reqs]` (row or -1), `uids` int64
+    `[num_reqs]` (-1 for dummies), `query_start_loc` int32 `[num_reqs + 1]`,
+    `positions` int64 `[>= num_tokens_padded]`, `num_computed_tokens` int32
+    `[max_num_reqs]` by row, or None when no group has a window configured.
+    """
+
+    index: int
+    kind: str
+    releases: list[Release] = field(default_factory=list)
+    appends: list[Append] = field(default_factory=list)
+    admitted: list[Finished] = field(default_factory=list)
+    idx_mapping: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    uids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    query_start_loc: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int32))
+    positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    num_tokens_padded: int = 0
+    num_reqs_padded: int = 0
+    num_computed_tokens: np.ndarray | None = None
+    finished: list[Finished] = field(default_factory=list)
+    dummy_num_reqs: int = 0
+    dummy_num_tokens: int = 0
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.idx_mapping)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.query_start_loc[-1])
+
+    def token_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per real-or-dummy token of the batch: its row and its request uid, `[num_tokens]`."""
+        counts = np.diff(self.query_start_loc.astype(np.int64))
+        return (np.repeat(self.idx_mapping.astype(np.int64), counts), np.repeat(self.uids, counts))
+
+
+@dataclass
+class Workload:
+    """The steps of one CP group's run, the corners they reach, and their digest."""
+
+    preset: Preset
+    seed: int
+    steps: list[Step]
+    corners: dict[str, int]
+    digest: str
+    unfinished: list[Finished]
+    plot_uid: int | None
+    num_real_tokens: int
+
+    def missing_corners(self) -> list[str]:
+        return sorted(c for c in self.preset.corners if self.corners.get(c, 0) == 0)
+
+
+@dataclass
+class _Request:
+    uid: int
+    row: int
+    prompt_len: int
+    target_len: int
+    prefix_len: int
+    nct: int
+    blocks: list[list[int]]
+    dead: list[set[int]]
+    appended: bool = False
+
+
+class _Allocator:
+    """Free list of one group's block ids; the most recently freed id is handed out first."""
+
+    def __init__(self, first: int, size: int) -> None:
+        self.free = list(range(first + size - 1, first - 1, -1))
+        self.released_by: dict[int, tuple[int, str]] = {}
+
+    def take(self, n: int) -> list[int]:
+        if n > len(self.free):
+            raise RuntimeError("block pool exhausted; the preset's pool is too small")
+        return [self.free.pop() for _ in range(n)]
+
+    def give(self, ids: list[int], uid: int, reason: str) -> None:
+        for b in ids:
+            self.released_by[b] = (uid, reason)
+        self.free.extend(ids)
+
+
+class _Generator:
+    def __init__(self, preset: Preset, seed: int) -> None:
+        self.p = preset
+        self.rng = np.random.default_rng(np.random.SeedSequence([seed, _name_key(preset.name)]))
+        self.corners: Counter[str] = Counter({c: 0 for c in CORNERS})
+        cfg = preset.config(0)
+        self.cfg = cfg
+        self.num_groups = cfg.num_kv_cache_groups
+        self.reach = cfg.effective_sliding_window_reach()
+        self.pass_nct = any(w > 0 for w in cfg.sliding_window_reach)
+        pool = preset.block_pool_size()
+        self.alloc = [
+            _Allocator(preset.block_id_base + g * pool, pool) for g in range(self.num_groups)
+        ]
+        self.virtual = [cfg.block_sizes[g] * cfg.group_cp_size(g) for g in range(self.num_groups)]
+        self.free_rows = list(range(cfg.max_num_reqs))
+        self.used_rows: set[int] = set()
+        self.running: dict[int, _Request] = {}
+        self.next_uid = 0
+        self.pending: list[Release] = []
+        self.nct_rows = np.zeros(cfg.max_num_reqs, dtype=np.int32)
+        self.prev_num_tokens = 0
+        self.rows_high = 0
+        self.plot_uid: int | None = None
+        self.step_index = 0
+        self.real_tokens = 0
+        self.hasher = hashlib.sha256()
+
+    # ------------------------------------------------------------ steps
+
+    def run(self) -> Workload:
+        steps = []
+        p = self.p
+        for s in range(p.num_steps):
+            self.step_index = s
+            if s < p.warmup_steps:
+                step = self._warmup_step(s)
+            elif (
+                0 < s < p.num_steps - 1
+                and steps[-1].kind == "real"
+                and (self.rng.random() < p.dummy_run_prob or self._overdue("dummy_run"))
+            ):
+                step = self._dummy_step(s)
+            else:
+                step = self._real_step(s)
+            self._digest(step)
+            steps.append(step)
+        unfinished = [
+            Finished(r.uid, r.row, r.nct, r.prefix_len)
+            for r in sorted(self.running.values(), key=lambda r: r.uid)
+        ]
+        return Workload(
+            p,
+            0,
+            steps,
+            dict(self.corners),
+            self.hasher.hexdigest(),
+            unfinished,
+            self.plot_uid,
+            self.real_tokens,
+        )
+
+    def _dummy_step(self, s: int) -> Step:
+        self.corners["dummy_run"] += 1
+        n_reqs = int(self.rng.integers(1, self.cfg.max_num_reqs + 1))
+        n_tokens = int(self.rng.integers(1, self.cfg.max_num_batched_tokens + 1))
+        self.rows_high = 0
+        self.prev_num_tokens = self.cfg.max_num_batched_tokens
+        return Step(index=s, kind="dummy", dummy_num_reqs=n_reqs, dummy_num_tokens=n_tokens)
+
+    def _warmup_step(self, s: int) -> Step:
+        """Rows get made-up block ids while writes go to the null block; they stay free."""
+        self.corners["warmup_redirect"] += 1
+        rng, cfg = self.rng, self.cfg
+        rows = rng.permutation(cfg.max_num_reqs)[: self.p.max_batch_reqs]
+        entries, appends = [], []
+        for row in rows.tolist():
+            n_blocks = int(rng.integers(1, 4))
+            ids = tuple(
+                tuple(int(x) for x in rng.integers(1, 2**31 - 1, n_blocks))
+                for _ in range(self.num_groups)
+            )
+            uid = self._new_uid()
+            appends.append(Append(uid, row, ids, True))
+            span = min(n_blocks * v for v in self.virtual)
+            n = int(rng.integers(1, min(span, 8) + 1))
+            entries.append((uid, row, 0, n))
+            self.used_rows.add(row)
+        return self._batch(Step(index=s, kind="warmup", appends=appends), entries)
+
+    def _real_step(self, s: int) -> Step:
+        step = Step(index=s, kind="real", releases=self.pending)
+        self.pending = []
+        self._free_window_blocks(step)
+        scheduled = self._schedule(step)
+        entries = []
+        for req, n in scheduled:
+            self._give_blocks(step, req, req.nct + n)
+            entries.append((req.uid, req.row, req.nct, n))
+            self.nct_rows[req.row] = req.nct
+        self._count_step_corners(scheduled)
+        step = self._batch(step, entries)
+        self._advance(step, scheduled)
+        return step
+
+    # ------------------------------------------------------------ scheduling
+
+    def _schedule(self, step: Step) -> list[tuple[_Request, int]]:
+        """Running requests and admissions, in either order, within a token budget."""
+        p, rng = self.p, self.rng
+        cap = p.max_num_batched_tokens - 16
+        if p.fill_batches:
+            budget = cap
+        elif rng.random() < 0.3:
+            budget = int(rng.integers(1, 9))
+        else:
+            budget = int(rng.integers(1, cap + 1))
+        scheduled: list[tuple[_Request, int]] = []
+        running = sorted(self.running.values(), key=lambda r: r.uid)
+        starving = any(
+            self._overdue(c)
+            for c in ("request_finished", "row_reused", "block_reused", "prefix_cached_start")
+        )
+        if starving or rng.random() < 0.3:
+            budget = self._admit_some(step, scheduled, budget)
+        order = [running[i] for i in rng.permutation(len(running)).tolist()]
+        order.sort(key=lambda r: r.nct < r.prompt_len)  # decodes first, as engines do
+        for req in order:
+            if len(scheduled) >= p.max_batch_reqs or budget <= 0:
+                break
+            n = self._tokens_for(req, budget)
+            if n > 0:
+                scheduled.append((req, n))
+                budget -= n
+        self._admit_some(step, scheduled, budget)
+        return scheduled
+
+    def _admit_some(self, step: Step, scheduled: list, budget: int) -> int:
+        p, rng = self.p, self.rng
+        while (
+            self.free_rows
+            and len(scheduled) < p.max_batch_reqs
+            and budget > 0
+            and (
+                rng.random() < (0.7 if len(self.running) < p.max_batch_reqs else 0.15)
+                or p.fill_batches
+            )
+        ):
+            req = self._admit(step)
+            n = self._tokens_for(req, budget)
+            scheduled.append((req, n))
+            budget -= n
+        return budget
+
+    def _tokens_for(self, req: _Request, budget: int) -> int:
+        p = self.p
+        if req.nct < req.prompt_len:
+            n = min(req.prompt_len - req.nct, p.max_prefill_chunk, budget)
+            if n < req.prompt_len - req.nct:
+                self.corners["chunked_prefill"] += 1
+            return n
+        k = int(self.rng.integers(0, p.spec_tokens + 1)) if p.spec_tokens else 0
+        n = min(1 + k, p.max_model_len - req.nct)
+        if n > budget:
+            return 0
+        self.corners["spec_decode" if n > 1 else "decode"] += 1
+        return n
+
+    def _admit(self, step: Step) -> _Request:
+        p, rng = self.p, self.rng
+        row = self.free_rows.pop(self._pick_row())
+        if row in self.used_rows:
+            self.corners["row_reused"] += 1
+        self.used_rows.add(row)
+        far = max(self.virtual)
+        want_prefix = rng.random() < p.prefix_prob or self._overdue("prefix_cached_start")
+        short = not want_prefix and (
+            rng.random() < 0.4 or self._overdue("request_finished") or self._overdue("row_reused")
+        )
+        if short:
+            prompt = int(rng.integers(1, min(32, p.max_prompt_len) + 1))
+            target = prompt + int(rng.integers(1, min(8, p.max_decode_len) + 1))
+        else:
+            low = min(far + 2, p.max_prompt_len) if want_prefix else 1
+            prompt = int(rng.integers(low, p.max_prompt_len + 1))
+            target = prompt + int(rng.integers(1, p.max_decode_len + 1))
+        prefix = 0
+        if want_prefix and prompt > far + 1:
+            prefix = int(rng.integers(far, prompt))
+            self.corners["prefix_cached_start"] += 1
+        g = self.num_groups
+        req = _Request(
+            self._new_uid(),
+            row,
+            prompt,
+            target,
+            prefix,
+            prefix,
+            [[] for _ in range(g)],
+            [set() for _ in range(g)],
+        )
+        self.running[req.uid] = req
+        step.admitted.append(Finished(req.uid, row, target, prefix))
+        if self.plot_uid is None and prefix == 0 and target >= 2 * max(self.virtual):
+            self.plot_uid = req.uid
+        return req
+
+    def _pick_row(self) -> int:
+        """Index into `free_rows`: often the row freed last (engines reuse rows eagerly)."""
+        if self._overdue("row_reused"):
+            reused = [i for i, r in enumerate(self.free_rows) if r in self.used_rows]
+            if reused:
+                return reused[-1]
+        if self.rng.random() < 0.5:
+            return len(self.free_rows) - 1
+        return int(self.rng.integers(len(self.free_rows)))
+
+    def _overdue(self, corner: str) -> bool:
+        """A promised corner still unreached after a third of the run: force it."""
+        if corner not in self.p.corners or self.corners[corner]:
+            return False
+        return self.step_index >= self.p.num_steps // 3
+
+    def _new_uid(self) -> int:
+        self.next_uid += 1
+        return self.next_uid
+
+    # ------------------------------------------------------------ blocks
+
+    def _give_blocks(self, step: Step, req: _Request, end: int) -> None:
+        new = []
+        for g in range(self.num_groups):
+            need = math.ceil(end / self.virtual[g]) - len(req.blocks[g])
+            ids = self.alloc[g].take(max(need, 0))
+            for b in ids:
+                self._count_reuse(g, b, req.uid)
+            req.blocks[g].extend(ids)
+            new.append(tuple(ids))
+        if not req.appended or any(new):
+            step.appends.append(Append(req.uid, req.row, tuple(new), not req.appended))
+            req.appended = True
+
+    def _count_reuse(self, g: int, block: int, uid: int) -> None:
+        prev = self.alloc[g].released_by.pop(block, None)
+        if prev is None or prev[0] == uid:
+            return
+        self.corners["block_reused"] += 1
+        if prev[1] == "window" and prev[0] in self.running:
+            self.corners["window_freed_reused"] += 1
+
+    def _free_window_blocks(self, step: Step) -> None:
+        """Blocks wholly below `nct - reach` leave the request (their ids stay in its row)."""
+        for req in sorted(self.running.values(), key=lambda r: r.uid):
+            for g, w in enumerate(self.reach):
+                if w == 0:
+                    continue
+                bs = self.cfg.block_sizes[g]
+                cols = [
+                    j
+                    for j in range((req.nct - w) // bs if req.nct > w else 0)
+                    if j < len(req.blocks[g]) and j not in req.dead[g]
+                ]
+                if not cols:
+                    continue
+                ids = [req.blocks[g][j] for j in cols]
+                req.dead[g].update(cols)
+                self.alloc[g].give(ids, req.uid, "window")
+                step.releases.append(Release(req.uid, g, tuple(ids), tuple(cols), "window"))
+
+    # ------------------------------------------------------------ batch shape
+
+    def _batch(self, step: Step, entries: list[tuple[int, int, int, int]]) -> Step:
+        """Order, dummies and padding; fills the step's arrays. Entries: (uid, row, start, n)."""
+        p, rng, cfg = self.p, self.rng, self.cfg
+        if rng.random() < p.shuffle_prob:
+            entries = [entries[i] for i in rng.permutation(len(entries)).tolist()]
+        else:
+            entries = sorted(entries, key=lambda e: e[1])
+        if step.kind == "real" and rng.random() < p.dummy_req_prob:
+            for _ in range(int(rng.integers(1, 3))):
+                if len(entries) < cfg.max_num_reqs:
+                    at = int(rng.integers(len(entries) + 1))
+                    entries.insert(at, (-1, -1, 0, int(rng.integers(0, 4))))
+                    self.corners["dummy_request"] += 1
+        counts = [e[3] for e in entries]
+        qsl = np.zeros(len(entries) + 1, dtype=np.int32)
+        qsl[1:] = np.cumsum(counts)
+        num_tokens = int(qsl[-1])
+        pos_parts = [
+            np.arange(e[2], e[2] + e[3], dtype=np.int64)
+            if e[0] >= 0
+            else rng.integers(0, _GARBAGE, e[3])
+            for e in entries
+        ]
+        ntp = num_tokens
+        if rng.random() < p.pad_prob:
+            ntp = min(cfg.max_num_batched_tokens, (num_tokens // 8 + 1) * 8)
+        nrp = len(entries)
+        if rng.random() < p.pad_prob:
+            nrp = min(cfg.max_num_reqs, nrp + int(rng.integers(1, 4)))
+        length = cfg.max_num_batched_tokens if rng.random() < 0.3 else ntp
+        tail = (
+            rng.integers(0, _GARBAGE, length - num_tokens)
+            if rng.random() < 0.5
+            else np.zeros(length - num_tokens, dtype=np.int64)
+        )
+        step.positions = np.concatenate([*pos_parts, tail]).astype(np.int64)
+        step.idx_mapping = np.array([e[1] for e in entries], dtype=np.int32)
+        step.uids = np.array([e[0] for e in entries], dtype=np.int64)
+        step.query_start_loc = qsl
+        step.num_tokens_padded = ntp
+        step.num_reqs_padded = nrp
+        step.num_computed_tokens = self.nct_rows.copy() if self.pass_nct else None
+        self._count_shape_corners(step, tail)
+        return step
+
+    def _count_shape_corners(self, step: Step, tail: np.ndarray) -> None:
+        c = self.corners
+        c["padded_tokens"] += step.num_tokens_padded > step.num_tokens
+        c["padded_reqs"] += step.num_reqs_padded > step.num_reqs
+        c["smaller_step"] += step.num_tokens < self.prev_num_tokens
+        c["smaller_batch"] += step.num_reqs_padded < self.rows_high
+        c["positions_tail_garbage"] += bool(tail.any())
+        rows = step.idx_mapping[step.idx_mapping >= 0]
+        c["batch_order_shuffled"] += bool((np.diff(rows) < 0).any())
+        self.prev_num_tokens = step.num_tokens
+        self.rows_high = max(self.rows_high, step.num_reqs_padded)
+
+    def _count_step_corners(self, scheduled: list[tuple[_Request, int]]) -> None:
+        cfg, c = self.cfg, self.corners
+        if cfg.cp_size > 1:
+            for g in range(self.num_groups):
+                if cfg.dcp_sharded[g]:
+                    i, bs = cfg.cp_interleave, cfg.block_sizes[g]
+                    c[
+                        "interleave_1"
+                        if i == 1
+                        else "interleave_eq_block"
+                        if i == bs
+                        else "interleave_between"
+                    ] += 1
+            kinds = {
+                (
+                    "disabled"
+                    if not cfg.slot_mapping_enabled[g]
+                    else "sharded"
+                    if cfg.dcp_sharded[g]
+                    else "unsharded"
+                )
+                for g in range(self.num_groups)
+            }
+            c["mixed_groups"] += len(kinds) == 3
+            c["window_configured_under_cp"] += self.pass_nct
+        c["several_block_sizes"] += len(set(cfg.block_sizes)) > 1
+        for req, n in scheduled:
+            self.real_tokens += n
+            for g in range(self.num_groups):
+                w, bs = self.reach[g], cfg.block_sizes[g]
+                if w and req.nct > w and (req.nct - w) % bs == 0:
+                    c["window_boundary"] += 1
+                if cfg.slot_mapping_enabled[g]:
+                    cols = np.arange(req.nct, req.nct + n) // self.virtual[g]
+                    blocks = np.asarray(req.blocks[g], dtype=np.int64)[cols]
+                    c["slot_past_2_31"] += int((blocks * bs >= 2**31).sum())
+
+    # ------------------------------------------------------------ progress
+
+    def _advance(self, step: Step, scheduled: list[tuple[_Request, int]]) -> None:
+        for req, n in scheduled:
+            if req.nct < req.prompt_len:
+                req.nct += n
+            else:
+                accepted = int(self.rng.integers(0, n))
+                if accepted < n - 1:
+                    self.corners["spec_rejected"] += 1
+                req.nct += 1 + accepted
+            if req.nct >= req.target_len:
+                self._finish(step, req)
+
+    def _finish(self, step: Step, req: _Request) -> None:
+        self.corners["request_finished"] += 1
+        step.finished.append(Finished(req.uid, req.row, req.nct, req.prefix_len))
+        for g in range(self.num_groups):
+            cols = [j for j in range(len(req.blocks[g])) if j not in req.dead[g]]
+            ids = [req.blocks[g][j] for j in cols]
+            self.alloc[g].give(ids, req.uid, "finished")
+            self.pending.append(Release(req.uid, g, tuple(ids), tuple(cols), "finished"))
+        del self.running[req.uid]
+        self.free_rows.append(req.row)
+
+    def _digest(self, step: Step) -> None:
+        h = self.hasher
+        h.update(
+            repr(
+                (
+                    step.index,
+                    step.kind,
+                    step.num_tokens_padded,
+                    step.num_reqs_padded,
+                    step.dummy_num_reqs,
+                    step.dummy_num_tokens,
+                    [(a.row, a.overwrite, a.block_ids) for a in step.appends],
+                )
+            ).encode()
+        )
+        for arr in (step.idx_mapping, step.query_start_loc, step.positions):
+            h.update(arr.tobytes())
+        if step.num_computed_tokens is not None:
+            h.update(step.num_computed_tokens.tobytes())
+
+
+def _name_key(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+
+
+def generate(preset: Preset, seed: int) -> Workload:
+    """The workload of `preset` for `seed`: identical on every call, every rank, every host."""
+    w = _Generator(preset, seed).run()
+    w.seed = seed
+    return w
