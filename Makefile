@@ -33,7 +33,7 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check cp_blocktables tests launch
 
 bench: $(STAMP)
-	$(PY) -m cp_blocktables.bench --device $(BENCH_DEVICE) $(BENCH_ARGS)
+	$(PY) -m cp_blocktables bench kernels --device $(BENCH_DEVICE) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -6,7 +6,7 @@ or configuration (a one-line message, no traceback).
 Subcommands live in `SUBCOMMANDS`: a name maps to a help line, a function
 that adds its arguments to its parser, and a function that runs it and
 returns the exit code. `bench` has its own registry of actions,
-`BENCH_ACTIONS`, so that more benchmarks can join `harness`.
+`BENCH_ACTIONS` (`harness`, `kernels`, `plugin`), built the same way.
 """
 
 from __future__ import annotations
@@ -185,30 +185,75 @@ def run_verify(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- bench
 
 
-def _bench_harness(args: argparse.Namespace) -> int:
-    from .harness_bench import bench_harness
-
-    return bench_harness(
-        world_size=args.world_size,
-        preset=args.preset or "default",
-        seed=args.seed,
-        big=not args.no_big,
-    )
-
-
-BENCH_ACTIONS: dict[str, Callable[[argparse.Namespace], int]] = {"harness": _bench_harness}
-
-
-def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=sorted(BENCH_ACTIONS), help="what to measure")
+def _add_bench_harness_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=_positive(int), default=4, help="ranks (default 4)")
-    p.add_argument("--preset", default=None, help="preset for the harness bench (default)")
+    p.add_argument("--preset", default="default", help="preset to run (default: default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-big", action="store_true", help="skip the 64K-tokens-per-step run")
 
 
+def _bench_harness(args: argparse.Namespace) -> int:
+    from .harness_bench import bench_harness
+
+    return bench_harness(
+        world_size=args.world_size, preset=args.preset, seed=args.seed, big=not args.no_big
+    )
+
+
+def _add_bench_kernels_arguments(p: argparse.ArgumentParser) -> None:
+    from .bench import add_bench_kernels_arguments
+
+    add_bench_kernels_arguments(p)
+
+
+def _bench_kernels(args: argparse.Namespace) -> int:
+    from .bench import bench_kernels_command
+
+    return bench_kernels_command(args)
+
+
+def _add_bench_plugin_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tests", type=_positive(int), default=5, help="timed tests (default 5)")
+
+
+def _bench_plugin(args: argparse.Namespace) -> int:
+    from ._plugin_bench import bench_plugin_overhead
+
+    figures = bench_plugin_overhead(args.tests)
+    for name, value in figures.items():
+        print(f"{name:>28}  {value:.4f}" if isinstance(value, float) else f"{name:>28}  {value}")
+    return 0
+
+
+BENCH_ACTIONS: dict[str, Subcommand] = {
+    "harness": Subcommand(
+        "the harness on CPU: wall time, verified tokens/s and peak RSS per rank",
+        _add_bench_harness_arguments,
+        _bench_harness,
+    ),
+    "kernels": Subcommand(
+        "the Triton kernels against the launch floor, copy bandwidth and plain PyTorch",
+        _add_bench_kernels_arguments,
+        _bench_kernels,
+    ),
+    "plugin": Subcommand(
+        "per-test overhead of the multi-rank pytest plugin: reused pool against fresh ranks",
+        _add_bench_plugin_arguments,
+        _bench_plugin,
+    ),
+}
+
+
+def add_bench_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, action in BENCH_ACTIONS.items():
+        q = sub.add_parser(name, help=action.help, description=action.help)
+        action.add_arguments(q)
+        q.set_defaults(_bench=action.run)
+
+
 def run_bench(args: argparse.Namespace) -> int:
-    return BENCH_ACTIONS[args.action](args)
+    return args._bench(args)
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
@@ -217,9 +262,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         add_verify_arguments,
         run_verify,
     ),
-    "bench": Subcommand(
-        "measure (harness: time, tokens/s and peak RSS per rank)", add_bench_arguments, run_bench
-    ),
+    "bench": Subcommand("benchmarks: harness, kernels, plugin", add_bench_arguments, run_bench),
 }
 
 
