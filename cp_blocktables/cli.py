@@ -89,6 +89,13 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
         help="collective backend (auto: nccl when every rank has a GPU, else gloo)",
     )
     p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where each rank's implementation runs (auto: cuda under nccl, else cpu; "
+        "cuda with gloo lets several ranks share a GPU)",
+    )
+    p.add_argument(
         "--timeout",
         type=_positive(float),
         default=120.0,
@@ -124,6 +131,13 @@ def verify_options(args: argparse.Namespace):
         env = RankEnv.from_environ()
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("--device cuda: no CUDA device is visible")
+    if args.device == "cpu" and args.backend == "nccl":
+        raise UsageError("--backend nccl needs --device cuda (or auto)")
     opts = VerifyOptions(
         impls=args.impl or [DEFAULT_IMPL],
         presets=args.preset or ["sweep"],
@@ -131,6 +145,7 @@ def verify_options(args: argparse.Namespace):
         cp_size=args.cp_size,
         steps=args.steps,
         backend=args.backend,
+        device=args.device,
         timeout=args.timeout,
         keep_going=args.keep_going,
         fail_fast=args.fail_fast,

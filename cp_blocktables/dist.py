@@ -85,8 +85,9 @@ def choose_backend(requested: str, env: RankEnv) -> str:
 class Comm:
     """The world's process group, its CP subgroups, and collectives that name absent peers."""
 
-    def __init__(self, env: RankEnv, backend: str, timeout: float) -> None:
+    def __init__(self, env: RankEnv, backend: str, timeout: float, device: str = "auto") -> None:
         self.env = env
+        self._device = device
         self.rank = env.rank
         self.world_size = env.world_size
         self.backend = backend
@@ -128,8 +129,12 @@ class Comm:
 
     @property
     def device(self) -> torch.device:
+        """The rank's device: its own GPU under NCCL; under gloo the CPU, or with
+        `device="cuda"` a GPU shared round robin by the node's ranks."""
         if self.backend == "nccl":
             return torch.device("cuda", self.env.local_rank)
+        if self._device == "cuda":
+            return torch.device("cuda", self.env.local_rank % torch.cuda.device_count())
         return torch.device("cpu")
 
     def cp_group(self, cp_size: int) -> tuple[object, object, list[int]]:

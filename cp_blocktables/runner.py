@@ -480,7 +480,7 @@ def run_rank(opts: VerifyOptions) -> int:
     if env is None:
         print("cp-blocktables: no torchrun environment (RANK, WORLD_SIZE)", file=sys.stderr)
         return 2
-    comm = Comm(env, choose_backend(opts.backend, env), opts.timeout)
+    comm = Comm(env, choose_backend(opts.backend, env), opts.timeout, opts.device)
     try:
         comm.init()
         return _run(comm, opts, t0)

@@ -111,3 +111,20 @@ def test_rank_environment_parsing():
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     assert choose_backend("auto", env) == ("nccl" if gpus >= 4 else "gloo")
     assert choose_backend("nccl", env) == "nccl"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        pytest.param(["--device", "cpu", "--backend", "nccl"], "nccl needs", id="nccl-on-cpu"),
+        pytest.param(
+            ["--device", "cuda"],
+            "no CUDA device",
+            id="cuda-without-gpu",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present"),
+        ),
+    ],
+)
+def test_device_usage_errors(argv, message, capsys):
+    assert cli.main(["verify", *argv]) == 2
+    assert message in capsys.readouterr().err
