@@ -122,6 +122,17 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--list-presets", action="store_true", help="list presets and exit")
 
 
+def _cuda_visible() -> bool:
+    """Whether a GPU is visible, asked through NVML: initialising CUDA here would
+    break the ranks the local spawner forks from this process."""
+    import os
+
+    import torch
+
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    return torch.cuda.is_available()
+
+
 def verify_options(args: argparse.Namespace):
     """`VerifyOptions` from parsed arguments, checked for the world it will run in."""
     from .dist import RankEnv
@@ -131,11 +142,8 @@ def verify_options(args: argparse.Namespace):
         env = RankEnv.from_environ()
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UsageError("--device cuda: no CUDA device is visible")
+    if args.device == "cuda" and not _cuda_visible():
+        raise UsageError("--device cuda: no CUDA device is visible")
     if args.device == "cpu" and args.backend == "nccl":
         raise UsageError("--backend nccl needs --device cuda (or auto)")
     opts = VerifyOptions(
