@@ -1,0 +1,366 @@
+"""`BlockTables`: per-group block tables, their forward-pass copies and slot mappings.
+
+One instance lives in each CP rank's model runner. Per step the engine
+
+1. stages new block ids (`append_block_ids`) and flushes them with one launch
+   (`apply_staged_writes`), publishing the per-row block counts;
+2. gathers the batch's rows into the persistent forward-pass tables
+   (`gather_block_tables`), whose addresses never change, so CUDA graphs can
+   capture them;
+3. maps every token to the slot of this rank's KV cache it writes
+   (`compute_slot_mappings`), or to `PAD_SLOT_ID` when it writes nothing here.
+
+See SPEC.md sections 2 and 3 for the formulas; choices where the contract is
+silent are listed in docs/contract-notes.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from . import kernels
+from .buffers import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor
+from .contract import INT32_MAX, NULL_BLOCK_ID, PAD_SLOT_ID, BlockTablesConfig
+
+
+class BlockTables:
+    """Block tables of every KV-cache group of one CP rank.
+
+    Persistent buffers (allocated once; their addresses are stable):
+    `block_tables[g].gpu` `[max_num_reqs, max_num_blocks_per_group[g]]` int32,
+    `input_block_tables[g]` of the same shape, `slot_mappings`
+    `[num_groups, max_num_batched_tokens]` int64, and the small per-group
+    layout tensors built by `init_block_table_layout_tensors`.
+
+    Host truth: `num_blocks.np` `[num_groups, max_num_reqs]`, the number of
+    valid entries of each row; `apply_staged_writes` publishes it as
+    `num_blocks.gpu`.
+    """
+
+    redirect_writes_to_null_block: bool = False
+    """Set by a warm-up: every appended block id is staged as `NULL_BLOCK_ID`."""
+
+    validate_inputs: bool | None = None
+    """Check index/position values of each call (costs a device sync on CUDA).
+    `None`: on for CPU devices, off for CUDA."""
+
+    def __init__(
+        self,
+        block_sizes: list[int],
+        max_num_reqs: int,
+        max_num_batched_tokens: int,
+        max_num_blocks_per_group: list[int],
+        device: torch.device,
+        cp_size: int = 1,
+        cp_rank: int = 0,
+        cp_interleave: int = 1,
+        slot_mapping_enabled: list[bool] | None = None,
+        dcp_sharded: list[bool] | None = None,
+        sliding_window_reach: list[int] | None = None,
+    ) -> None:
+        cfg = BlockTablesConfig(
+            block_sizes, max_num_reqs, max_num_batched_tokens, max_num_blocks_per_group,
+            cp_size, cp_rank, cp_interleave, slot_mapping_enabled, dcp_sharded,
+            sliding_window_reach,
+        )
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device {device!r} is not a torch device: {e}") from None
+        self.config = cfg
+        self.block_sizes = cfg.block_sizes
+        self.max_num_reqs = cfg.max_num_reqs
+        self.max_num_batched_tokens = cfg.max_num_batched_tokens
+        self.max_num_blocks_per_group = cfg.max_num_blocks_per_group
+        self.cp_size = cfg.cp_size
+        self.cp_rank = cfg.cp_rank
+        self.cp_interleave = cfg.cp_interleave
+        self.num_kv_cache_groups = cfg.num_kv_cache_groups
+        self.slot_mapping_enabled = cfg.slot_mapping_enabled
+        self.sliding_window_reach = cfg.effective_sliding_window_reach()
+
+        num_groups = self.num_kv_cache_groups
+        self.block_tables = [
+            StagedWriteTensor((max_num_reqs, m), torch.int32, self.device)
+            for m in self.max_num_blocks_per_group
+        ]
+        # [num_groups, max_num_reqs]
+        self.num_blocks = UvaBackedTensor((num_groups, max_num_reqs), torch.int32,
+                                          device=self.device)
+        self.input_block_tables = [torch.zeros_like(t.gpu) for t in self.block_tables]
+        # [num_groups, max_num_batched_tokens]
+        self.slot_mappings = torch.full((num_groups, max_num_batched_tokens), PAD_SLOT_ID,
+                                        dtype=torch.int64, device=self.device)
+        self.fused_writer = (
+            FusedStagedWriter(self.device, max_writes=max_num_reqs * num_groups)
+            if num_groups >= 2 else None
+        )
+        # Rows of input_block_tables the last gather may have left non-zero.
+        self._input_rows_written = 0
+        self.init_block_table_layout_tensors()
+
+    # ------------------------------------------------------------ layout
+
+    def _device_tensor(self, values: Sequence, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(list(values), dtype=dtype, device=self.device)
+
+    def init_block_table_layout_tensors(self) -> None:
+        """(Re)build the per-group pointer, stride, size and flag tensors.
+
+        Call after replacing `block_tables[g].gpu` or `input_block_tables[g]`.
+        """
+        cfg = self.config
+        tables = [t.gpu for t in self.block_tables]
+        self.block_table_ptrs = self._device_tensor([t.data_ptr() for t in tables], torch.uint64)
+        self.block_table_strides = self._device_tensor([t.stride(0) for t in tables], torch.int64)
+        self.input_block_table_ptrs = self._device_tensor(
+            [t.data_ptr() for t in self.input_block_tables], torch.uint64)
+        self.input_block_table_strides = self._device_tensor(
+            [t.stride(0) for t in self.input_block_tables], torch.int64)
+        self.block_table_widths = self._device_tensor([t.shape[1] for t in tables], torch.int32)
+        self.block_sizes_tensor = self._device_tensor(cfg.block_sizes, torch.int64)
+        self.group_cp_sizes = self._device_tensor(
+            [cfg.group_cp_size(g) for g in range(self.num_kv_cache_groups)], torch.int64)
+        self.dcp_sharded = self._device_tensor(cfg.dcp_sharded, torch.bool)
+        self.slot_mapping_enabled_tensor = self._device_tensor(cfg.slot_mapping_enabled,
+                                                               torch.int32)
+        self.sliding_window_reach_tensor = self._device_tensor(self.sliding_window_reach,
+                                                               torch.int64)
+        self._max_width = max((t.shape[1] for t in tables), default=1)
+
+    # ------------------------------------------------------------ writes
+
+    def append_block_ids(self, req_index: int, new_block_ids: tuple[list[int], ...],
+                         overwrite: bool) -> None:
+        """Stage `new_block_ids[g]` for row `req_index` of every group `g`.
+
+        With `overwrite` the ids start at column 0 (a new request in a reused
+        row), else after the row's current blocks. Either every group is staged
+        or, on error, none.
+        """
+        num_groups = self.num_kv_cache_groups
+        if isinstance(req_index, bool) or not isinstance(req_index, (int, np.integer)) or \
+                not 0 <= req_index < self.max_num_reqs:
+            raise ValueError(f"req_index must be an int in [0, {self.max_num_reqs}), "
+                             f"got {req_index!r}")
+        if len(new_block_ids) != num_groups:
+            raise ValueError(f"new_block_ids has {len(new_block_ids)} entries for "
+                             f"{num_groups} KV-cache groups")
+        counts = self.num_blocks.np[:, req_index]
+        starts = [0 if overwrite else int(counts[g]) for g in range(num_groups)]
+        for g, ids in enumerate(new_block_ids):
+            end = starts[g] + len(ids)
+            if end > self.max_num_blocks_per_group[g]:
+                raise RuntimeError(
+                    f"append_block_ids: request {req_index}, group {g}: blocks would end at "
+                    f"{end}, past the row capacity {self.max_num_blocks_per_group[g]}")
+            if ids and not (0 <= min(ids) and max(ids) <= INT32_MAX):
+                raise ValueError(f"append_block_ids: request {req_index}, group {g}: block ids "
+                                 f"must lie in [0, {INT32_MAX}]")
+        redirect = self.redirect_writes_to_null_block
+        for g, ids in enumerate(new_block_ids):
+            if redirect:
+                ids = [NULL_BLOCK_ID] * len(ids)
+            self.block_tables[g].stage_write(req_index, starts[g], ids)
+            counts[g] = starts[g] + len(ids)
+
+    def apply_staged_writes(self) -> None:
+        """Make every staged write visible on the device and publish `num_blocks`."""
+        if self.num_kv_cache_groups == 0:
+            return
+        if self.fused_writer is None:
+            self.block_tables[0].apply_write()
+        else:
+            self.fused_writer.apply(self.block_tables, self.block_table_ptrs,
+                                    self.block_table_strides)
+        self.num_blocks.copy_to_uva()
+
+    # ------------------------------------------------------------ gather
+
+    def gather_block_tables(
+        self,
+        idx_mapping: torch.Tensor,
+        num_reqs_padded: int,
+        out: Sequence[torch.Tensor] | None = None,
+        out_ptrs: torch.Tensor | None = None,
+        num_computed_tokens: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        """Copy the batch's rows into the forward-pass tables; returns `[:num_reqs_padded]` views.
+
+        Row `b` gets entries `[0, num_blocks)` of row `idx_mapping[b]` (entries
+        past that are never read and left as they are); dummy rows and rows
+        `[num_reqs, num_rows)` become zero. `num_rows` is `num_reqs_padded`, or
+        for the persistent tables at least the rows the previous gather wrote.
+        """
+        num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
+        if not num_reqs <= num_reqs_padded <= self.max_num_reqs:
+            raise ValueError(f"num_reqs_padded must lie in [num_reqs={num_reqs}, "
+                             f"max_num_reqs={self.max_num_reqs}], got {num_reqs_padded}")
+        if num_computed_tokens is not None:
+            self._check_index_tensor("num_computed_tokens", num_computed_tokens,
+                                     min_len=self.max_num_reqs)
+        if self._validating():
+            self._check_rows(idx_mapping)
+        if out is None and out_ptrs is not None:
+            raise ValueError("out_ptrs needs out: the tensors it points to")
+        if out is None:
+            dst = self.input_block_tables
+            dst_ptrs, dst_strides = self.input_block_table_ptrs, self.input_block_table_strides
+            num_rows = max(num_reqs_padded, self._input_rows_written)
+            self._input_rows_written = num_reqs_padded
+        else:
+            dst = self._check_out_tables(out, num_reqs_padded)
+            dst_ptrs = out_ptrs if out_ptrs is not None else self._device_tensor(
+                [t.data_ptr() for t in dst], torch.uint64)
+            dst_strides = self._device_tensor([t.stride(0) for t in dst], torch.int64)
+            num_rows = num_reqs_padded
+        if self.num_kv_cache_groups:
+            mask = num_computed_tokens is not None and any(self.sliding_window_reach)
+            kernels.gather_block_tables(
+                idx_mapping, num_rows, self.max_num_reqs,
+                self.block_table_ptrs, self.block_table_strides, dst_ptrs, dst_strides,
+                self.block_table_widths, self._max_width, self.num_blocks.gpu,
+                self.block_sizes_tensor, self.sliding_window_reach_tensor,
+                num_computed_tokens if mask else None,
+            )
+        return tuple(t[:num_reqs_padded] for t in dst)
+
+    def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
+        """Zero persistent rows that may hold ids; returns `[:num_reqs]` views of them."""
+        if not 0 <= num_reqs <= self.max_num_reqs:
+            raise ValueError(f"num_reqs must lie in [0, {self.max_num_reqs}], got {num_reqs}")
+        rows = max(num_reqs, self._input_rows_written)
+        for t in self.input_block_tables:
+            t[:rows].zero_()
+        self._input_rows_written = 0
+        return tuple(t[:num_reqs] for t in self.input_block_tables)
+
+    # ------------------------------------------------------------ slot mappings
+
+    def compute_slot_mappings(
+        self,
+        idx_mapping: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        positions: torch.Tensor,
+        num_tokens_padded: int,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Slot of every token in every group, `PAD_SLOT_ID` where it writes nothing here.
+
+        Fills the whole output buffer in one launch (tokens past
+        `qsl[num_reqs]` become `PAD_SLOT_ID`) and returns `[:, :num_tokens_padded]`.
+        """
+        num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
+        self._check_index_tensor("query_start_loc", query_start_loc, exact_len=num_reqs + 1)
+        self._check_index_tensor("positions", positions)
+        buf = self.slot_mappings if out is None else self._check_out_slots(out)
+        if not 0 <= num_tokens_padded <= buf.shape[1]:
+            raise ValueError(f"num_tokens_padded must lie in [0, {buf.shape[1]}] (the output "
+                             f"buffer's length), got {num_tokens_padded}")
+        if self._validating():
+            self._check_rows(idx_mapping)
+            self._check_tokens(idx_mapping, query_start_loc, positions, num_tokens_padded)
+        kernels.compute_slot_mappings(
+            idx_mapping, query_start_loc, positions, self.max_num_reqs,
+            self.block_table_ptrs, self.block_table_strides, self.block_table_widths,
+            self.block_sizes_tensor, self.group_cp_sizes, self.slot_mapping_enabled_tensor,
+            self.cp_rank, self.cp_interleave, buf,
+        )
+        return buf[:, :num_tokens_padded]
+
+    def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
+        """Fill the persistent buffer with `PAD_SLOT_ID`; returns `[:, :num_tokens]`."""
+        if not 0 <= num_tokens <= self.max_num_batched_tokens:
+            raise ValueError(f"num_tokens must lie in [0, {self.max_num_batched_tokens}], "
+                             f"got {num_tokens}")
+        self.slot_mappings.fill_(PAD_SLOT_ID)
+        return self.slot_mappings[:, :num_tokens]
+
+    # ------------------------------------------------------------ input checks
+
+    def _validating(self) -> bool:
+        if self.validate_inputs is None:
+            return self.device.type == "cpu"
+        return self.validate_inputs
+
+    def _check_index_tensor(self, name: str, t: object, exact_len: int | None = None,
+                            min_len: int = 0) -> int:
+        """Shape, dtype and device of a 1-D integer input (no device sync)."""
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be a 1-D int32 or int64 tensor, got "
+                             f"{t.dtype} of shape {tuple(t.shape)}")
+        if t.device != self.device and not (t.device.type == self.device.type == "cuda"
+                                            and self.device.index is None):
+            raise ValueError(f"{name} is on {t.device}, BlockTables on {self.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+        n = t.shape[0]
+        if exact_len is not None and n != exact_len:
+            raise ValueError(f"{name} must have {exact_len} entries, got {n}")
+        if n < min_len:
+            raise ValueError(f"{name} must have at least {min_len} entries, got {n}")
+        if name == "idx_mapping" and n > self.max_num_reqs:
+            raise ValueError(f"idx_mapping has {n} entries, more than max_num_reqs="
+                             f"{self.max_num_reqs}")
+        return n
+
+    def _check_rows(self, idx_mapping: torch.Tensor) -> None:
+        rows = idx_mapping.cpu().numpy()
+        bad = (rows < -1) | (rows >= self.max_num_reqs)
+        if bad.any():
+            b = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"idx_mapping[{b}] = {rows[b]} is neither -1 (dummy) nor a row "
+                             f"in [0, {self.max_num_reqs})")
+
+    def _check_tokens(self, idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
+                      positions: torch.Tensor, num_tokens_padded: int) -> None:
+        qsl = query_start_loc.cpu().numpy().astype(np.int64)
+        if qsl[0] != 0 or (np.diff(qsl) < 0).any():
+            raise ValueError(f"query_start_loc must start at 0 and never decrease, got "
+                             f"{qsl.tolist()[:16]}")
+        num_tokens = int(qsl[-1])
+        if num_tokens > positions.shape[0]:
+            raise ValueError(f"query_start_loc ends at {num_tokens} tokens but positions has "
+                             f"{positions.shape[0]}")
+        if num_tokens > num_tokens_padded:
+            raise ValueError(f"num_tokens_padded={num_tokens_padded} is less than the batch's "
+                             f"{num_tokens} tokens")
+        rows = np.repeat(idx_mapping.cpu().numpy(), np.diff(qsl))  # [num_tokens]
+        pos = positions[:num_tokens].cpu().numpy()[rows >= 0]
+        if pos.size == 0:
+            return
+        if pos.min() < 0:
+            raise ValueError(f"positions must be >= 0, got {int(pos.min())}")
+        cfg = self.config
+        for g in range(self.num_kv_cache_groups):
+            if not cfg.slot_mapping_enabled[g]:
+                continue
+            span = cfg.block_sizes[g] * cfg.group_cp_size(g) * cfg.max_num_blocks_per_group[g]
+            if pos.max() >= span:
+                raise ValueError(f"position {int(pos.max())} lies past group {g}'s table "
+                                 f"({cfg.max_num_blocks_per_group[g]} blocks cover {span})")
+
+    def _check_out_tables(self, out: Sequence[torch.Tensor], rows: int) -> list[torch.Tensor]:
+        if len(out) != self.num_kv_cache_groups:
+            raise ValueError(f"out has {len(out)} tables for {self.num_kv_cache_groups} groups")
+        for g, t in enumerate(out):
+            width = self.max_num_blocks_per_group[g]
+            if (t.dtype != torch.int32 or t.dim() != 2 or t.shape[0] < rows
+                    or t.shape[1] < width or t.stride(1) != 1 or t.device != self.device):
+                raise ValueError(f"out[{g}] must be an int32 [>= {rows}, >= {width}] tensor "
+                                 f"with unit column stride on {self.device}, got {t.dtype} "
+                                 f"{tuple(t.shape)} on {t.device}")
+        return list(out)
+
+    def _check_out_slots(self, out: torch.Tensor) -> torch.Tensor:
+        if (out.dtype != torch.int64 or out.dim() != 2 or out.device != self.device
+                or out.shape[0] != self.num_kv_cache_groups or out.stride(1) != 1):
+            raise ValueError(f"out must be an int64 [{self.num_kv_cache_groups}, n] tensor with "
+                             f"unit column stride on {self.device}, got {out.dtype} "
+                             f"{tuple(out.shape)} on {out.device}")
+        return out

@@ -1,0 +1,318 @@
+"""The Triton kernels, each beside the function that launches it.
+
+All three run on CUDA (compiled) and on CPU (Triton's interpreter) through
+`dual_jit`. They call only Triton builtins: `triton.language` helpers that are
+themselves `@triton.jit` functions (`tl.zeros`, `tl.max`, `tl.sum`, ...) are
+compiled or interpreted once, when Triton is imported, so they cannot serve
+both back ends. Launchers pick the back end from the tensors' device and a tile
+shape that suits it (large tiles on CPU, where each program instance costs
+Python-level work; GPU-sized tiles on CUDA).
+
+Per-group data reaches the kernels as small device tensors (`ptrs`, `strides`,
+`widths`, ...) so that one launch serves every KV-cache group; a table's data
+pointer is loaded and cast to a typed pointer inside the kernel.
+
+Memory safety holds even for inputs the contract forbids: rows outside
+`[0, max_num_reqs)` act as dummy requests, positions outside a table's width
+write `PAD_SLOT_ID`, and no index is dereferenced past a buffer's bound.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._jit import dual_jit
+from .contract import PAD_SLOT_ID
+
+
+def _on_cpu(device: torch.device) -> bool:
+    return device.type == "cpu"
+
+
+def _search_steps(n: int) -> int:
+    """Binary-search iterations for `n` segments, rounded up to a multiple of 4.
+
+    Loop bounds are compile-time constants (some Triton interpreters cannot
+    loop over a runtime scalar); rounding keeps the number of variants small.
+    """
+    return -(-n.bit_length() // 4) * 4
+
+
+# ---------------------------------------------------------------- staged writes
+
+
+@dual_jit
+def _apply_writes_kernel(
+    dst,  # FUSED: uint64 [num_tensors] data pointers; else the destination tensor
+    dst_strides,  # FUSED: int64 [num_tensors] row strides; else the row stride
+    tensor_ids,  # int32 [num_writes] (FUSED only)
+    rows,  # int32 [num_writes]
+    starts,  # int32 [num_writes]
+    cu_lens,  # int32 [num_writes] end of each write's contents
+    contents,  # [num_elems]
+    num_writes,
+    num_elems,
+    SEARCH_STEPS: tl.constexpr,
+    FUSED: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    e = tl.program_id(0) * TILE + tl.arange(0, TILE)  # [TILE] content element
+    live = e < num_elems
+    # Binary search: the write w with cu_lens[w - 1] <= e < cu_lens[w].
+    lo = tl.full([TILE], 0, dtype=tl.int32)
+    hi = lo + num_writes
+    for _ in range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        active = lo < hi
+        end = tl.load(cu_lens + mid, mask=live & active, other=0)
+        right = end <= e
+        lo = tl.where(active & right, mid + 1, lo)
+        hi = tl.where(active & (right == 0), mid, hi)
+    w = lo
+    begin = tl.load(cu_lens + w - 1, mask=live & (w > 0), other=0)
+    row = tl.load(rows + w, mask=live, other=0).to(tl.int64)
+    col = tl.load(starts + w, mask=live, other=0).to(tl.int64) + (e - begin)
+    value = tl.load(contents + e, mask=live)
+    if FUSED:
+        t = tl.load(tensor_ids + w, mask=live, other=0)
+        base = tl.load(dst + t, mask=live, other=0).to(tl.pointer_type(contents.dtype.element_ty))
+        stride = tl.load(dst_strides + t, mask=live, other=0)
+        tl.store(base + row * stride + col, value, mask=live)
+    else:
+        tl.store(dst + row * dst_strides + col, value, mask=live)
+
+
+def apply_writes(
+    dst: torch.Tensor,
+    rows: torch.Tensor,
+    starts: torch.Tensor,
+    cu_lens: torch.Tensor,
+    contents: torch.Tensor,
+) -> None:
+    """Write `contents[cu_lens[w-1]:cu_lens[w]]` at `dst[rows[w], starts[w]:]` for every w.
+
+    Writes must not overlap (callers resolve overlaps on the host first).
+    """
+    num_writes, num_elems = rows.shape[0], contents.shape[0]
+    tile = 8192 if _on_cpu(dst.device) else 1024
+    stride = dst.stride(0) if dst.dim() > 1 else 1
+    # grid: (cdiv(num_elems, TILE),); one program writes TILE content elements,
+    # each finding its write by binary search over cu_lens.
+    _apply_writes_kernel.launch(
+        dst.device, (triton.cdiv(num_elems, tile),),
+        dst, stride, rows, rows, starts, cu_lens, contents,
+        num_writes, num_elems, SEARCH_STEPS=_search_steps(num_writes), FUSED=False, TILE=tile,
+    )
+
+
+def apply_fused_writes(
+    device: torch.device,
+    dst_ptrs: torch.Tensor,
+    dst_strides: torch.Tensor,
+    tensor_ids: torch.Tensor,
+    rows: torch.Tensor,
+    starts: torch.Tensor,
+    cu_lens: torch.Tensor,
+    contents: torch.Tensor,
+) -> None:
+    """`apply_writes` for many destination tensors of one dtype, in one launch."""
+    num_writes, num_elems = rows.shape[0], contents.shape[0]
+    tile = 8192 if _on_cpu(device) else 1024
+    # grid: (cdiv(num_elems, TILE),); one program writes TILE content elements
+    # of any destination, loading that tensor's pointer and stride.
+    _apply_writes_kernel.launch(
+        device, (triton.cdiv(num_elems, tile),),
+        dst_ptrs, dst_strides, tensor_ids, rows, starts, cu_lens, contents,
+        num_writes, num_elems, SEARCH_STEPS=_search_steps(num_writes), FUSED=True, TILE=tile,
+    )
+
+
+# ---------------------------------------------------------------- gather
+
+
+@dual_jit
+def _gather_block_tables_kernel(
+    idx_mapping,  # [num_reqs] row of each batch entry, -1 for a dummy
+    num_reqs,
+    num_rows,  # rows [0, num_rows) of the destination are written
+    max_num_reqs,
+    src_ptrs,  # uint64 [num_groups] persistent block tables
+    src_strides,  # int64 [num_groups]
+    dst_ptrs,  # uint64 [num_groups] forward-pass tables
+    dst_strides,  # int64 [num_groups]
+    widths,  # int32 [num_groups] columns of each table
+    num_blocks,  # int32 [num_groups, max_num_reqs]
+    num_blocks_stride,
+    block_sizes,  # int64 [num_groups]
+    reaches,  # int64 [num_groups] sliding-window reach, 0 = no masking
+    num_computed_tokens,  # [max_num_reqs] (MASK_WINDOW only)
+    MAX_WIDTH: tl.constexpr,  # columns of the widest table
+    MASK_WINDOW: tl.constexpr,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+):
+    g = tl.program_id(1)
+    b = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [ROWS] batch rows
+    in_batch = b < num_reqs
+    r = tl.load(idx_mapping + b, mask=in_batch, other=-1).to(tl.int64)
+    real = in_batch & (r >= 0) & (r < max_num_reqs)
+    width = tl.load(widths + g)
+    n = tl.load(num_blocks + g * num_blocks_stride + r, mask=real, other=0)
+    n = tl.minimum(n, width)
+    # A real row copies its n entries; a dummy or padding row is zeroed in full.
+    row_len = tl.where(real, n, tl.where(b < num_rows, width, 0))
+    src = tl.load(src_ptrs + g).to(tl.pointer_type(tl.int32))
+    dst = tl.load(dst_ptrs + g).to(tl.pointer_type(tl.int32))
+    src_stride = tl.load(src_strides + g)
+    dst_stride = tl.load(dst_strides + g)
+    if MASK_WINDOW:
+        block_size = tl.load(block_sizes + g)
+        reach = tl.load(reaches + g)
+        computed = tl.load(num_computed_tokens + r, mask=real, other=0)
+        # Entry j is dead when (j + 1) * block_size <= computed - reach.
+        live_from = tl.where(reach > 0, computed.to(tl.int64) - reach, -1)
+    for c0 in range(0, MAX_WIDTH, COLS):
+        cols = c0 + tl.arange(0, COLS)  # [COLS]
+        m = cols[None, :] < row_len[:, None]  # [ROWS, COLS]
+        v = tl.load(src + r[:, None] * src_stride + cols[None, :], mask=m & real[:, None], other=0)
+        if MASK_WINDOW:
+            dead = (cols[None, :] + 1).to(tl.int64) * block_size <= live_from[:, None]
+            v = tl.where(dead, 0, v)
+        tl.store(dst + b[:, None].to(tl.int64) * dst_stride + cols[None, :], v, mask=m)
+
+
+def gather_block_tables(
+    idx_mapping: torch.Tensor,
+    num_rows: int,
+    max_num_reqs: int,
+    src_ptrs: torch.Tensor,
+    src_strides: torch.Tensor,
+    dst_ptrs: torch.Tensor,
+    dst_strides: torch.Tensor,
+    widths: torch.Tensor,
+    max_width: int,
+    num_blocks: torch.Tensor,
+    block_sizes: torch.Tensor,
+    reaches: torch.Tensor,
+    num_computed_tokens: torch.Tensor | None,
+) -> None:
+    """Copy row `idx_mapping[b]` of every group's table into row `b` of its destination.
+
+    Rows of dummy entries and rows `[num_reqs, num_rows)` become zero over the
+    table's width. With `num_computed_tokens`, entries wholly below a group's
+    sliding window become the null block.
+    """
+    device = idx_mapping.device
+    num_groups = src_ptrs.shape[0]
+    budget, max_cols = (16384, 4096) if _on_cpu(device) else (2048, 512)
+    cols = min(triton.next_power_of_2(max_width), max_cols)
+    rows = max(1, budget // cols)
+    mask_window = num_computed_tokens is not None
+    # grid: (cdiv(num_rows, ROWS), num_groups); one program fills ROWS
+    # destination rows of one group, COLS columns at a time.
+    _gather_block_tables_kernel.launch(
+        device, (triton.cdiv(num_rows, rows), num_groups),
+        idx_mapping, idx_mapping.shape[0], num_rows, max_num_reqs,
+        src_ptrs, src_strides, dst_ptrs, dst_strides, widths,
+        num_blocks, num_blocks.stride(0), block_sizes, reaches,
+        num_computed_tokens if mask_window else idx_mapping,
+        MAX_WIDTH=max_width, MASK_WINDOW=mask_window, ROWS=rows, COLS=cols,
+    )
+
+
+# ---------------------------------------------------------------- slot mappings
+
+
+@dual_jit
+def _compute_slot_mappings_kernel(
+    idx_mapping,  # [num_reqs]
+    num_reqs,
+    max_num_reqs,
+    query_start_loc,  # [num_reqs + 1]
+    positions,  # [num_positions]
+    num_positions,
+    table_ptrs,  # uint64 [num_groups] persistent block tables
+    table_strides,  # int64 [num_groups]
+    widths,  # int32 [num_groups]
+    block_sizes,  # int64 [num_groups]
+    group_cp_sizes,  # int64 [num_groups]: cp_size if DCP-sharded else 1
+    enabled,  # int32 [num_groups]: slot mapping enabled
+    cp_rank,
+    cp_interleave,
+    out,  # int64 [num_groups, out_len]
+    out_stride,
+    out_len,
+    NUM_GROUPS: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    PAD_ID: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    t = tl.program_id(0) * TILE + tl.arange(0, TILE)  # [TILE] token index
+    in_buf = t < out_len
+    num_tokens = tl.load(query_start_loc + num_reqs)
+    real = (t < num_tokens) & (t < num_positions)
+    # Binary search: the batch entry b with qsl[b] <= t < qsl[b + 1].
+    lo = tl.full([TILE], 0, dtype=tl.int32)
+    hi = lo + num_reqs
+    for _ in range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        active = lo < hi
+        end = tl.load(query_start_loc + mid + 1, mask=real & active, other=0)
+        right = end <= t
+        lo = tl.where(active & right, mid + 1, lo)
+        hi = tl.where(active & (right == 0), mid, hi)
+    r = tl.load(idx_mapping + lo, mask=real, other=-1).to(tl.int64)
+    owned = real & (r >= 0) & (r < max_num_reqs)
+    p = tl.load(positions + t, mask=owned, other=0).to(tl.int64)
+    for g in range(NUM_GROUPS):
+        block_size = tl.load(block_sizes + g)
+        cp = tl.load(group_cp_sizes + g)
+        virtual = block_size * cp
+        col = p // virtual
+        o = p - col * virtual
+        # An unsharded group (cp == 1) has owner 0 and local offset o on every rank.
+        # Scalar flags enter as integers: Triton's interpreter mis-types
+        # `scalar_bool | block_bool`.
+        rank = tl.where(cp == 1, 0, cp_rank)
+        mine = (o // cp_interleave) % cp == rank
+        local = (o // (cp_interleave * cp)) * cp_interleave + o % cp_interleave
+        limit = tl.load(widths + g) * tl.load(enabled + g)  # 0 columns when disabled
+        ok = owned & mine & (p >= 0) & (col < limit)
+        table = tl.load(table_ptrs + g).to(tl.pointer_type(tl.int32))
+        block = tl.load(table + r * tl.load(table_strides + g) + col, mask=ok, other=0)
+        slot = tl.where(ok, block.to(tl.int64) * block_size + local, PAD_ID)
+        tl.store(out + g * out_stride + t, slot, mask=in_buf)
+
+
+def compute_slot_mappings(
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    max_num_reqs: int,
+    table_ptrs: torch.Tensor,
+    table_strides: torch.Tensor,
+    widths: torch.Tensor,
+    block_sizes: torch.Tensor,
+    group_cp_sizes: torch.Tensor,
+    enabled: torch.Tensor,
+    cp_rank: int,
+    cp_interleave: int,
+    out: torch.Tensor,
+) -> None:
+    """Fill every entry of `out` `[num_groups, out_len]`: SPEC.md section 2 or `PAD_SLOT_ID`."""
+    device = out.device
+    num_reqs = idx_mapping.shape[0]
+    num_groups, out_len = out.shape
+    tile = 8192 if _on_cpu(device) else 1024
+    # grid: (cdiv(out_len, TILE),); one program maps TILE tokens of the buffer
+    # for every group, finding each token's request by binary search.
+    _compute_slot_mappings_kernel.launch(
+        device, (triton.cdiv(out_len, tile),) if num_groups else (0,),
+        idx_mapping, num_reqs, max_num_reqs, query_start_loc, positions, positions.shape[0],
+        table_ptrs, table_strides, widths, block_sizes, group_cp_sizes, enabled,
+        cp_rank, cp_interleave, out, out.stride(0), out_len,
+        NUM_GROUPS=num_groups, SEARCH_STEPS=_search_steps(max_num_reqs), PAD_ID=PAD_SLOT_ID,
+        TILE=tile,
+    )
