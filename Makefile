@@ -34,6 +34,7 @@ IMAGE ?= cp-blocktables:cpu
 DOCKERFILE ?= docker/Dockerfile
 BASE_IMAGE ?=
 DOCKER_SHM ?= 1g
+DOCKER_BUILD_ARGS ?=
 DOCKER_RUN_ARGS ?=
 DOCKER_RUN := $(DOCKER) run --rm --shm-size=$(DOCKER_SHM) $(DOCKER_RUN_ARGS)
 
@@ -42,7 +43,7 @@ DOCKER_RUN := $(DOCKER) run --rm --shm-size=$(DOCKER_SHM) $(DOCKER_RUN_ARGS)
 docker-build:
 	$(DOCKER) build --force-rm -f $(DOCKERFILE) -t $(IMAGE) \
 		$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
-		--build-arg TORCH_SPEC="$(TORCH_SPEC)" .
+		--build-arg TORCH_SPEC="$(TORCH_SPEC)" $(DOCKER_BUILD_ARGS) .
 
 docker-test:
 	$(DOCKER_RUN) $(IMAGE) make test PYTEST_ARGS="$(PYTEST_ARGS)"

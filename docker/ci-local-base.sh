@@ -185,8 +185,11 @@ stage_torch_wheel() {
     log "no local CPU wheel for $TORCH_SPEC ($PY_TAG); pip will fetch torch from the index"
 }
 
+# Build output with seconds since the build started, to see which step costs what.
 build_image() {
-    make --no-print-directory docker-build DOCKER="$DOCKER" IMAGE="$IMAGE" BASE_IMAGE="$1"
+    local start=$SECONDS line
+    make --no-print-directory docker-build DOCKER="$DOCKER" IMAGE="$IMAGE" BASE_IMAGE="$1" |
+        while IFS= read -r line; do echo "[$((SECONDS - start)) s] $line"; done
     "$DOCKER" image prune -f >/dev/null
 }
 
