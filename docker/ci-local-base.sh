@@ -13,7 +13,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The docker.io client by full path: a newer client earlier on PATH lacks buildx for this daemon.
+# The docker.io client by full path: a newer client may come first on PATH, and it lacks the
+# buildx plugin that it would want for builds against this daemon.
 DOCKER=/usr/bin/docker
 DOCKERD=/usr/sbin/dockerd
 SUITE=bookworm
@@ -46,7 +47,7 @@ cleanup() {
     if [[ -x $DOCKER ]] && "$DOCKER" container inspect "$CONTAINER" >/dev/null 2>&1; then
         "$DOCKER" rm -f "$CONTAINER" >/dev/null 2>&1 || true
     fi
-    [[ -n $rootfs ]] && rm -rf "$rootfs"
+    [[ -n $rootfs ]] && rm -rf "$rootfs" "$rootfs.log"
     [[ -n $daemon_pid ]] && stop_daemon
     exit "$rc"
 }
@@ -72,9 +73,13 @@ install_tools() {
         log "docker.io and debootstrap already installed"
         return
     fi
-    apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-        docker.io debootstrap >/dev/null
+    local apt_log=$STATE_DIR/apt.log
+    if ! { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+        --no-install-recommends docker.io debootstrap; } >"$apt_log" 2>&1; then
+        log "installing docker.io and debootstrap failed; last lines of the apt log:"
+        tail -n 20 "$apt_log" >&2
+        return 1
+    fi
 }
 
 start_daemon() {
@@ -82,7 +87,6 @@ start_daemon() {
         log "using the docker daemon already running"
         return
     fi
-    mkdir -p "$STATE_DIR"
     local pidfile=$STATE_DIR/dockerd.pid
     if [[ -f $pidfile ]] && ! kill -0 "$(cat "$pidfile")" 2>/dev/null; then
         rm -f "$pidfile"
@@ -213,14 +217,20 @@ run_tests() {
         args=$(default_pytest_args)
     fi
     log "running 'make test PYTEST_ARGS=\"$args\"' in the container"
+    local rc=0
     timeout "$RUN_TIMEOUT" make --no-print-directory docker-test DOCKER="$DOCKER" \
-        IMAGE="$IMAGE" DOCKER_RUN_ARGS="--name $CONTAINER" PYTEST_ARGS="$args"
+        IMAGE="$IMAGE" DOCKER_RUN_ARGS="--name $CONTAINER" PYTEST_ARGS="$args" || rc=$?
+    if ((rc == 124)); then
+        log "the container run passed RUN_TIMEOUT=$RUN_TIMEOUT s; its container is removed"
+    fi
+    return "$rc"
 }
 
 main() {
     trap cleanup EXIT
     trap 'exit 130' INT TERM
     local total=$SECONDS base
+    mkdir -p "$STATE_DIR"
     phase install-tools install_tools
     phase start-daemon start_daemon
     base=$(base_image_tag)
