@@ -6,8 +6,11 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# bench: auto = cuda when torch sees a GPU, else cpu (Triton interpreter, reduced sizes).
+BENCH_DEVICE ?= auto
+BENCH_ARGS ?=
 
-.PHONY: install test lint verify clean
+.PHONY: install test lint verify clean bench
 
 install: $(STAMP)
 
@@ -23,6 +26,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check cp_blocktables tests launch
 	$(PY) -m ruff format --check cp_blocktables tests launch
+
+bench: $(STAMP)
+	$(PY) -m cp_blocktables.bench --device $(BENCH_DEVICE) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

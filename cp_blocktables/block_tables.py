@@ -62,8 +62,15 @@ class BlockTables:
         sliding_window_reach: list[int] | None = None,
     ) -> None:
         cfg = BlockTablesConfig(
-            block_sizes, max_num_reqs, max_num_batched_tokens, max_num_blocks_per_group,
-            cp_size, cp_rank, cp_interleave, slot_mapping_enabled, dcp_sharded,
+            block_sizes,
+            max_num_reqs,
+            max_num_batched_tokens,
+            max_num_blocks_per_group,
+            cp_size,
+            cp_rank,
+            cp_interleave,
+            slot_mapping_enabled,
+            dcp_sharded,
             sliding_window_reach,
         )
         try:
@@ -88,15 +95,18 @@ class BlockTables:
             for m in self.max_num_blocks_per_group
         ]
         # [num_groups, max_num_reqs]
-        self.num_blocks = UvaBackedTensor((num_groups, max_num_reqs), torch.int32,
-                                          device=self.device)
+        self.num_blocks = UvaBackedTensor(
+            (num_groups, max_num_reqs), torch.int32, device=self.device
+        )
         self.input_block_tables = [torch.zeros_like(t.gpu) for t in self.block_tables]
         # [num_groups, max_num_batched_tokens]
-        self.slot_mappings = torch.full((num_groups, max_num_batched_tokens), PAD_SLOT_ID,
-                                        dtype=torch.int64, device=self.device)
+        self.slot_mappings = torch.full(
+            (num_groups, max_num_batched_tokens), PAD_SLOT_ID, dtype=torch.int64, device=self.device
+        )
         self.fused_writer = (
             FusedStagedWriter(self.device, max_writes=max_num_reqs * num_groups)
-            if num_groups >= 2 else None
+            if num_groups >= 2
+            else None
         )
         # Rows of input_block_tables the last gather may have left non-zero.
         self._input_rows_written = 0
@@ -117,24 +127,37 @@ class BlockTables:
         self.block_table_ptrs = self._device_tensor([t.data_ptr() for t in tables], torch.uint64)
         self.block_table_strides = self._device_tensor([t.stride(0) for t in tables], torch.int64)
         self.input_block_table_ptrs = self._device_tensor(
-            [t.data_ptr() for t in self.input_block_tables], torch.uint64)
+            [t.data_ptr() for t in self.input_block_tables], torch.uint64
+        )
         self.input_block_table_strides = self._device_tensor(
-            [t.stride(0) for t in self.input_block_tables], torch.int64)
+            [t.stride(0) for t in self.input_block_tables], torch.int64
+        )
         self.block_table_widths = self._device_tensor([t.shape[1] for t in tables], torch.int32)
         self.block_sizes_tensor = self._device_tensor(cfg.block_sizes, torch.int64)
         self.group_cp_sizes = self._device_tensor(
-            [cfg.group_cp_size(g) for g in range(self.num_kv_cache_groups)], torch.int64)
+            [cfg.group_cp_size(g) for g in range(self.num_kv_cache_groups)], torch.int64
+        )
         self.dcp_sharded = self._device_tensor(cfg.dcp_sharded, torch.bool)
-        self.slot_mapping_enabled_tensor = self._device_tensor(cfg.slot_mapping_enabled,
-                                                               torch.int32)
-        self.sliding_window_reach_tensor = self._device_tensor(self.sliding_window_reach,
-                                                               torch.int64)
+        self.slot_mapping_enabled_tensor = self._device_tensor(
+            cfg.slot_mapping_enabled, torch.int32
+        )
+        self.sliding_window_reach_tensor = self._device_tensor(
+            self.sliding_window_reach, torch.int64
+        )
         self._max_width = max((t.shape[1] for t in tables), default=1)
+        self._max_span = max(
+            (
+                t.shape[1] * bs * cfg.group_cp_size(g)
+                for g, (t, bs) in enumerate(zip(tables, cfg.block_sizes))
+            ),
+            default=0,
+        )
 
     # ------------------------------------------------------------ writes
 
-    def append_block_ids(self, req_index: int, new_block_ids: tuple[list[int], ...],
-                         overwrite: bool) -> None:
+    def append_block_ids(
+        self, req_index: int, new_block_ids: tuple[list[int], ...], overwrite: bool
+    ) -> None:
         """Stage `new_block_ids[g]` for row `req_index` of every group `g`.
 
         With `overwrite` the ids start at column 0 (a new request in a reused
@@ -142,30 +165,36 @@ class BlockTables:
         or, on error, none.
         """
         num_groups = self.num_kv_cache_groups
-        if isinstance(req_index, bool) or not isinstance(req_index, (int, np.integer)) or \
-                not 0 <= req_index < self.max_num_reqs:
-            raise ValueError(f"req_index must be an int in [0, {self.max_num_reqs}), "
-                             f"got {req_index!r}")
+        if (
+            isinstance(req_index, bool)
+            or not isinstance(req_index, (int, np.integer))
+            or not 0 <= req_index < self.max_num_reqs
+        ):
+            raise ValueError(
+                f"req_index must be an int in [0, {self.max_num_reqs}), got {req_index!r}"
+            )
         if len(new_block_ids) != num_groups:
-            raise ValueError(f"new_block_ids has {len(new_block_ids)} entries for "
-                             f"{num_groups} KV-cache groups")
-        counts = self.num_blocks.np[:, req_index]
-        starts = [0 if overwrite else int(counts[g]) for g in range(num_groups)]
-        for g, ids in enumerate(new_block_ids):
-            end = starts[g] + len(ids)
+            raise ValueError(
+                f"new_block_ids has {len(new_block_ids)} entries for {num_groups} KV-cache groups"
+            )
+        counts = self.num_blocks.np[:, req_index]  # [num_groups] view of the host truth
+        starts = [0] * num_groups if overwrite else counts.tolist()
+        ends = [start + len(ids) for start, ids in zip(starts, new_block_ids)]
+        for g, (end, ids) in enumerate(zip(ends, new_block_ids)):
             if end > self.max_num_blocks_per_group[g]:
                 raise RuntimeError(
                     f"append_block_ids: request {req_index}, group {g}: blocks would end at "
-                    f"{end}, past the row capacity {self.max_num_blocks_per_group[g]}")
-            if ids and not (0 <= min(ids) and max(ids) <= INT32_MAX):
-                raise ValueError(f"append_block_ids: request {req_index}, group {g}: block ids "
-                                 f"must lie in [0, {INT32_MAX}]")
+                    f"{end}, past the row capacity {self.max_num_blocks_per_group[g]}"
+                )
+            if ids and (min(ids) < 0 or max(ids) > INT32_MAX):
+                raise ValueError(
+                    f"append_block_ids: request {req_index}, group {g}: block ids "
+                    f"must lie in [0, {INT32_MAX}]"
+                )
         redirect = self.redirect_writes_to_null_block
-        for g, ids in enumerate(new_block_ids):
-            if redirect:
-                ids = [NULL_BLOCK_ID] * len(ids)
-            self.block_tables[g].stage_write(req_index, starts[g], ids)
-            counts[g] = starts[g] + len(ids)
+        for table, start, ids in zip(self.block_tables, starts, new_block_ids):
+            table.stage_write(req_index, start, [NULL_BLOCK_ID] * len(ids) if redirect else ids)
+        counts[:] = ends
 
     def apply_staged_writes(self) -> None:
         """Make every staged write visible on the device and publish `num_blocks`."""
@@ -174,8 +203,9 @@ class BlockTables:
         if self.fused_writer is None:
             self.block_tables[0].apply_write()
         else:
-            self.fused_writer.apply(self.block_tables, self.block_table_ptrs,
-                                    self.block_table_strides)
+            self.fused_writer.apply(
+                self.block_tables, self.block_table_ptrs, self.block_table_strides
+            )
         self.num_blocks.copy_to_uva()
 
     # ------------------------------------------------------------ gather
@@ -197,11 +227,14 @@ class BlockTables:
         """
         num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
         if not num_reqs <= num_reqs_padded <= self.max_num_reqs:
-            raise ValueError(f"num_reqs_padded must lie in [num_reqs={num_reqs}, "
-                             f"max_num_reqs={self.max_num_reqs}], got {num_reqs_padded}")
+            raise ValueError(
+                f"num_reqs_padded must lie in [num_reqs={num_reqs}, "
+                f"max_num_reqs={self.max_num_reqs}], got {num_reqs_padded}"
+            )
         if num_computed_tokens is not None:
-            self._check_index_tensor("num_computed_tokens", num_computed_tokens,
-                                     min_len=self.max_num_reqs)
+            self._check_index_tensor(
+                "num_computed_tokens", num_computed_tokens, min_len=self.max_num_reqs
+            )
         if self._validating():
             self._check_rows(idx_mapping)
         if out is None and out_ptrs is not None:
@@ -213,17 +246,28 @@ class BlockTables:
             self._input_rows_written = num_reqs_padded
         else:
             dst = self._check_out_tables(out, num_reqs_padded)
-            dst_ptrs = out_ptrs if out_ptrs is not None else self._device_tensor(
-                [t.data_ptr() for t in dst], torch.uint64)
+            dst_ptrs = (
+                out_ptrs
+                if out_ptrs is not None
+                else self._device_tensor([t.data_ptr() for t in dst], torch.uint64)
+            )
             dst_strides = self._device_tensor([t.stride(0) for t in dst], torch.int64)
             num_rows = num_reqs_padded
         if self.num_kv_cache_groups:
             mask = num_computed_tokens is not None and any(self.sliding_window_reach)
             kernels.gather_block_tables(
-                idx_mapping, num_rows, self.max_num_reqs,
-                self.block_table_ptrs, self.block_table_strides, dst_ptrs, dst_strides,
-                self.block_table_widths, self._max_width, self.num_blocks.gpu,
-                self.block_sizes_tensor, self.sliding_window_reach_tensor,
+                idx_mapping,
+                num_rows,
+                self.max_num_reqs,
+                self.block_table_ptrs,
+                self.block_table_strides,
+                dst_ptrs,
+                dst_strides,
+                self.block_table_widths,
+                self._max_width,
+                self.num_blocks.gpu,
+                self.block_sizes_tensor,
+                self.sliding_window_reach_tensor,
                 num_computed_tokens if mask else None,
             )
         return tuple(t[:num_reqs_padded] for t in dst)
@@ -258,24 +302,37 @@ class BlockTables:
         self._check_index_tensor("positions", positions)
         buf = self.slot_mappings if out is None else self._check_out_slots(out)
         if not 0 <= num_tokens_padded <= buf.shape[1]:
-            raise ValueError(f"num_tokens_padded must lie in [0, {buf.shape[1]}] (the output "
-                             f"buffer's length), got {num_tokens_padded}")
+            raise ValueError(
+                f"num_tokens_padded must lie in [0, {buf.shape[1]}] (the output "
+                f"buffer's length), got {num_tokens_padded}"
+            )
         if self._validating():
             self._check_rows(idx_mapping)
             self._check_tokens(idx_mapping, query_start_loc, positions, num_tokens_padded)
         kernels.compute_slot_mappings(
-            idx_mapping, query_start_loc, positions, self.max_num_reqs,
-            self.block_table_ptrs, self.block_table_strides, self.block_table_widths,
-            self.block_sizes_tensor, self.group_cp_sizes, self.slot_mapping_enabled_tensor,
-            self.cp_rank, self.cp_interleave, buf,
+            idx_mapping,
+            query_start_loc,
+            positions,
+            self.max_num_reqs,
+            self.block_table_ptrs,
+            self.block_table_strides,
+            self.block_table_widths,
+            self.block_sizes_tensor,
+            self.group_cp_sizes,
+            self.slot_mapping_enabled_tensor,
+            self.cp_rank,
+            self.cp_interleave,
+            self._max_span,
+            buf,
         )
         return buf[:, :num_tokens_padded]
 
     def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
         """Fill the persistent buffer with `PAD_SLOT_ID`; returns `[:, :num_tokens]`."""
         if not 0 <= num_tokens <= self.max_num_batched_tokens:
-            raise ValueError(f"num_tokens must lie in [0, {self.max_num_batched_tokens}], "
-                             f"got {num_tokens}")
+            raise ValueError(
+                f"num_tokens must lie in [0, {self.max_num_batched_tokens}], got {num_tokens}"
+            )
         self.slot_mappings.fill_(PAD_SLOT_ID)
         return self.slot_mappings[:, :num_tokens]
 
@@ -286,16 +343,24 @@ class BlockTables:
             return self.device.type == "cpu"
         return self.validate_inputs
 
-    def _check_index_tensor(self, name: str, t: object, exact_len: int | None = None,
-                            min_len: int = 0) -> int:
+    def _on_my_device(self, t: torch.Tensor) -> bool:
+        """`cuda` (no index) matches any CUDA tensor; the caller set the current device."""
+        if self.device.type == "cuda" and self.device.index is None:
+            return t.is_cuda
+        return t.device == self.device
+
+    def _check_index_tensor(
+        self, name: str, t: object, exact_len: int | None = None, min_len: int = 0
+    ) -> int:
         """Shape, dtype and device of a 1-D integer input (no device sync)."""
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"{name} must be a 1-D int32 or int64 tensor, got "
-                             f"{t.dtype} of shape {tuple(t.shape)}")
-        if t.device != self.device and not (t.device.type == self.device.type == "cuda"
-                                            and self.device.index is None):
+            raise ValueError(
+                f"{name} must be a 1-D int32 or int64 tensor, got "
+                f"{t.dtype} of shape {tuple(t.shape)}"
+            )
+        if not self._on_my_device(t):
             raise ValueError(f"{name} is on {t.device}, BlockTables on {self.device}")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
@@ -305,8 +370,9 @@ class BlockTables:
         if n < min_len:
             raise ValueError(f"{name} must have at least {min_len} entries, got {n}")
         if name == "idx_mapping" and n > self.max_num_reqs:
-            raise ValueError(f"idx_mapping has {n} entries, more than max_num_reqs="
-                             f"{self.max_num_reqs}")
+            raise ValueError(
+                f"idx_mapping has {n} entries, more than max_num_reqs={self.max_num_reqs}"
+            )
         return n
 
     def _check_rows(self, idx_mapping: torch.Tensor) -> None:
@@ -314,22 +380,34 @@ class BlockTables:
         bad = (rows < -1) | (rows >= self.max_num_reqs)
         if bad.any():
             b = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"idx_mapping[{b}] = {rows[b]} is neither -1 (dummy) nor a row "
-                             f"in [0, {self.max_num_reqs})")
+            raise ValueError(
+                f"idx_mapping[{b}] = {rows[b]} is neither -1 (dummy) nor a row "
+                f"in [0, {self.max_num_reqs})"
+            )
 
-    def _check_tokens(self, idx_mapping: torch.Tensor, query_start_loc: torch.Tensor,
-                      positions: torch.Tensor, num_tokens_padded: int) -> None:
+    def _check_tokens(
+        self,
+        idx_mapping: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        positions: torch.Tensor,
+        num_tokens_padded: int,
+    ) -> None:
         qsl = query_start_loc.cpu().numpy().astype(np.int64)
         if qsl[0] != 0 or (np.diff(qsl) < 0).any():
-            raise ValueError(f"query_start_loc must start at 0 and never decrease, got "
-                             f"{qsl.tolist()[:16]}")
+            raise ValueError(
+                f"query_start_loc must start at 0 and never decrease, got {qsl.tolist()[:16]}"
+            )
         num_tokens = int(qsl[-1])
         if num_tokens > positions.shape[0]:
-            raise ValueError(f"query_start_loc ends at {num_tokens} tokens but positions has "
-                             f"{positions.shape[0]}")
+            raise ValueError(
+                f"query_start_loc ends at {num_tokens} tokens but positions has "
+                f"{positions.shape[0]}"
+            )
         if num_tokens > num_tokens_padded:
-            raise ValueError(f"num_tokens_padded={num_tokens_padded} is less than the batch's "
-                             f"{num_tokens} tokens")
+            raise ValueError(
+                f"num_tokens_padded={num_tokens_padded} is less than the batch's "
+                f"{num_tokens} tokens"
+            )
         rows = np.repeat(idx_mapping.cpu().numpy(), np.diff(qsl))  # [num_tokens]
         pos = positions[:num_tokens].cpu().numpy()[rows >= 0]
         if pos.size == 0:
@@ -342,25 +420,42 @@ class BlockTables:
                 continue
             span = cfg.block_sizes[g] * cfg.group_cp_size(g) * cfg.max_num_blocks_per_group[g]
             if pos.max() >= span:
-                raise ValueError(f"position {int(pos.max())} lies past group {g}'s table "
-                                 f"({cfg.max_num_blocks_per_group[g]} blocks cover {span})")
+                raise ValueError(
+                    f"position {int(pos.max())} lies past group {g}'s table "
+                    f"({cfg.max_num_blocks_per_group[g]} blocks cover {span})"
+                )
 
     def _check_out_tables(self, out: Sequence[torch.Tensor], rows: int) -> list[torch.Tensor]:
         if len(out) != self.num_kv_cache_groups:
             raise ValueError(f"out has {len(out)} tables for {self.num_kv_cache_groups} groups")
         for g, t in enumerate(out):
             width = self.max_num_blocks_per_group[g]
-            if (t.dtype != torch.int32 or t.dim() != 2 or t.shape[0] < rows
-                    or t.shape[1] < width or t.stride(1) != 1 or t.device != self.device):
-                raise ValueError(f"out[{g}] must be an int32 [>= {rows}, >= {width}] tensor "
-                                 f"with unit column stride on {self.device}, got {t.dtype} "
-                                 f"{tuple(t.shape)} on {t.device}")
+            if (
+                t.dtype != torch.int32
+                or t.dim() != 2
+                or t.shape[0] < rows
+                or t.shape[1] < width
+                or t.stride(1) != 1
+                or not self._on_my_device(t)
+            ):
+                raise ValueError(
+                    f"out[{g}] must be an int32 [>= {rows}, >= {width}] tensor "
+                    f"with unit column stride on {self.device}, got {t.dtype} "
+                    f"{tuple(t.shape)} on {t.device}"
+                )
         return list(out)
 
     def _check_out_slots(self, out: torch.Tensor) -> torch.Tensor:
-        if (out.dtype != torch.int64 or out.dim() != 2 or out.device != self.device
-                or out.shape[0] != self.num_kv_cache_groups or out.stride(1) != 1):
-            raise ValueError(f"out must be an int64 [{self.num_kv_cache_groups}, n] tensor with "
-                             f"unit column stride on {self.device}, got {out.dtype} "
-                             f"{tuple(out.shape)} on {out.device}")
+        if (
+            out.dtype != torch.int64
+            or out.dim() != 2
+            or not self._on_my_device(out)
+            or out.shape[0] != self.num_kv_cache_groups
+            or out.stride(1) != 1
+        ):
+            raise ValueError(
+                f"out must be an int64 [{self.num_kv_cache_groups}, n] tensor with "
+                f"unit column stride on {self.device}, got {out.dtype} "
+                f"{tuple(out.shape)} on {out.device}"
+            )
         return out

@@ -52,6 +52,8 @@ def uva_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     Under unified addressing a pinned allocation's device address equals its
     host address, so the view's `data_ptr()` is the host buffer's.
     """
+    if host.numel() == 0:  # nothing to alias: an empty allocation is never pinned
+        return torch.empty(host.shape, dtype=host.dtype, device=device)
     assert host.is_pinned() and host.is_contiguous()
     return torch.as_tensor(_CudaArrayView(host), device=device)
 
@@ -79,8 +81,13 @@ class UvaBufferPool:
     buffer being written is replaced, so buffers still in flight stay valid.
     """
 
-    def __init__(self, size: int | Sequence[int], dtype: torch.dtype, max_concurrency: int = 2,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        dtype: torch.dtype,
+        max_concurrency: int = 2,
+        device: torch.device | str | None = None,
+    ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         self.size = _shape(size)
@@ -109,8 +116,9 @@ class UvaBufferPool:
             buf.np[:n] = x
         return buf.dev[:n]
 
-    def copy_to_gpu(self, x: torch.Tensor | np.ndarray | Sequence,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+    def copy_to_gpu(
+        self, x: torch.Tensor | np.ndarray | Sequence, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Publish `x` and copy it into device memory (`out`, or a new tensor)."""
         view = self.copy_to_uva(x)
         if out is None:
@@ -127,8 +135,13 @@ class UvaBackedTensor:
     `max_concurrency - 1` more publishes.
     """
 
-    def __init__(self, size: int | Sequence[int], dtype: torch.dtype, max_concurrency: int = 2,
-                 device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        dtype: torch.dtype,
+        max_concurrency: int = 2,
+        device: torch.device | str | None = None,
+    ) -> None:
         self.dtype = dtype
         self.cpu = torch.zeros(_shape(size), dtype=dtype)
         self.np = self.cpu.numpy()
@@ -160,8 +173,12 @@ def _drop_overwritten(
         e = s + cu_lens[w] - c_lo
         segments = [(s, e)]
         for a, b in covered.get(keys[w], ()):
-            segments = [seg for x, y in segments
-                        for seg in ((x, min(y, a)), (max(x, b), y)) if seg[0] < seg[1]]
+            segments = [
+                seg
+                for x, y in segments
+                for seg in ((x, min(y, a)), (max(x, b), y))
+                if seg[0] < seg[1]
+            ]
         pieces.extend((w, x, c_lo + x - s, c_lo + y - s) for x, y in reversed(segments))
         covered.setdefault(keys[w], []).append((s, e))
     pieces.reverse()
@@ -188,8 +205,9 @@ class _StagedBatch:
 class _WriteBuffers:
     """The UVA pools that carry one apply's staged writes to the kernel."""
 
-    def __init__(self, capacity: int, dtype: torch.dtype, max_concurrency: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self, capacity: int, dtype: torch.dtype, max_concurrency: int, device: torch.device
+    ) -> None:
         pool = lambda n, dt: UvaBufferPool(max(n, 1), dt, max_concurrency, device)  # noqa: E731
         self.tensor_ids = pool(capacity, torch.int32)
         self.rows = pool(capacity, torch.int32)
@@ -216,8 +234,13 @@ class StagedWriteTensor:
     int64, float32.
     """
 
-    def __init__(self, size: int | Sequence[int], dtype: torch.dtype,
-                 device: torch.device | str, max_concurrency: int = 2) -> None:
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        dtype: torch.dtype,
+        device: torch.device | str,
+        max_concurrency: int = 2,
+    ) -> None:
         if dtype not in _STAGED_DTYPES:
             raise ValueError(f"StagedWriteTensor supports dtypes {_STAGED_DTYPES}, got {dtype}")
         self.device = torch.device(device)
@@ -233,15 +256,17 @@ class StagedWriteTensor:
     def stage_write(self, index: int, start: int, values: Iterable[int | float]) -> None:
         """Queue `values` for `gpu[index, start:start + len(values)]` (no-op when empty)."""
         if not 0 <= index < self.num_rows or start < 0:
-            raise IndexError(f"staged write at row {index}, column {start} is outside "
-                             f"{tuple(self.gpu.shape)}")
-        n = len(self._staged_write_contents)
-        self._staged_write_contents.extend(values)
-        if len(self._staged_write_contents) == n:
-            return
-        self._staged_write_indices.append(index)
-        self._staged_write_starts.append(start)
-        self._staged_write_cu_lens.append(len(self._staged_write_contents))
+            raise IndexError(
+                f"staged write at row {index}, column {start} is outside {tuple(self.gpu.shape)}"
+            )
+        contents = self._staged_write_contents
+        n = len(contents)
+        contents.extend(values)
+        end = len(contents)
+        if end != n:
+            self._staged_write_indices.append(index)
+            self._staged_write_starts.append(start)
+            self._staged_write_cu_lens.append(end)
 
     def stage_write_elem(self, index: int, value: int | float) -> None:
         """Queue one element: `gpu[index] = value` for a 1-D tensor, `gpu[index, 0]` else."""
@@ -257,8 +282,12 @@ class StagedWriteTensor:
         """Apply every staged write with one kernel launch, then clear them."""
         if not self._staged_write_indices:
             return
-        batch = _StagedBatch(self._staged_write_indices, self._staged_write_starts,
-                             self._staged_write_contents, self._staged_write_cu_lens)
+        batch = _StagedBatch(
+            self._staged_write_indices,
+            self._staged_write_starts,
+            self._staged_write_contents,
+            self._staged_write_cu_lens,
+        )
         kernels.apply_writes(self.gpu, *self._buffers.publish(batch))
         self.clear_staged_writes()
 
@@ -272,15 +301,20 @@ class FusedStagedWriter:
     persistent avoids a host-to-device copy per step.
     """
 
-    def __init__(self, device: torch.device | str, max_writes: int,
-                 max_concurrency: int = 2) -> None:
+    def __init__(
+        self, device: torch.device | str, max_writes: int, max_concurrency: int = 2
+    ) -> None:
         self.device = torch.device(device)
         self.max_writes = max_writes
         self.max_concurrency = max_concurrency
         self._buffers: dict[torch.dtype, _WriteBuffers] = {}
 
-    def apply(self, tensors: Sequence[StagedWriteTensor], output_ptrs: torch.Tensor,
-              output_strides: torch.Tensor) -> None:
+    def apply(
+        self,
+        tensors: Sequence[StagedWriteTensor],
+        output_ptrs: torch.Tensor,
+        output_strides: torch.Tensor,
+    ) -> None:
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) > 1:
             raise ValueError(f"FusedStagedWriter needs one dtype, got {sorted(map(str, dtypes))}")
@@ -304,10 +338,12 @@ class FusedStagedWriter:
         buffers = self._buffers.get(dtype)
         if buffers is None:
             buffers = self._buffers[dtype] = _WriteBuffers(
-                self.max_writes, dtype, self.max_concurrency, self.device)
+                self.max_writes, dtype, self.max_concurrency, self.device
+            )
         batch = _StagedBatch(rows, starts, contents, cu_lens, tensor_ids)
         ids = buffers.tensor_ids.copy_to_uva(batch.tensor_ids)
-        kernels.apply_fused_writes(self.device, output_ptrs, output_strides, ids,
-                                   *buffers.publish(batch))
+        kernels.apply_fused_writes(
+            self.device, output_ptrs, output_strides, ids, *buffers.publish(batch)
+        )
         for t in tensors:
             t.clear_staged_writes()

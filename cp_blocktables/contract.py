@@ -86,8 +86,9 @@ class BlockTablesConfig:
         _check_int("cp_size", self.cp_size, 1)
         _check_int("cp_rank", self.cp_rank, 0)
         if self.cp_rank >= self.cp_size:
-            raise ValueError(f"cp_rank must satisfy 0 <= cp_rank < cp_size={self.cp_size}, "
-                             f"got {self.cp_rank}")
+            raise ValueError(
+                f"cp_rank must satisfy 0 <= cp_rank < cp_size={self.cp_size}, got {self.cp_rank}"
+            )
         _check_int("cp_interleave", self.cp_interleave, 1)
         defaults = {
             "slot_mapping_enabled": ([True] * n, bool),

@@ -101,9 +101,20 @@ def apply_writes(
     # grid: (cdiv(num_elems, TILE),); one program writes TILE content elements,
     # each finding its write by binary search over cu_lens.
     _apply_writes_kernel.launch(
-        dst.device, (triton.cdiv(num_elems, tile),),
-        dst, stride, rows, rows, starts, cu_lens, contents,
-        num_writes, num_elems, SEARCH_STEPS=_search_steps(num_writes), FUSED=False, TILE=tile,
+        dst.device,
+        (triton.cdiv(num_elems, tile),),
+        dst,
+        stride,
+        rows,
+        rows,
+        starts,
+        cu_lens,
+        contents,
+        num_writes,
+        num_elems,
+        SEARCH_STEPS=_search_steps(num_writes),
+        FUSED=False,
+        TILE=tile,
     )
 
 
@@ -123,9 +134,20 @@ def apply_fused_writes(
     # grid: (cdiv(num_elems, TILE),); one program writes TILE content elements
     # of any destination, loading that tensor's pointer and stride.
     _apply_writes_kernel.launch(
-        device, (triton.cdiv(num_elems, tile),),
-        dst_ptrs, dst_strides, tensor_ids, rows, starts, cu_lens, contents,
-        num_writes, num_elems, SEARCH_STEPS=_search_steps(num_writes), FUSED=True, TILE=tile,
+        device,
+        (triton.cdiv(num_elems, tile),),
+        dst_ptrs,
+        dst_strides,
+        tensor_ids,
+        rows,
+        starts,
+        cu_lens,
+        contents,
+        num_writes,
+        num_elems,
+        SEARCH_STEPS=_search_steps(num_writes),
+        FUSED=True,
+        TILE=tile,
     )
 
 
@@ -213,12 +235,26 @@ def gather_block_tables(
     # grid: (cdiv(num_rows, ROWS), num_groups); one program fills ROWS
     # destination rows of one group, COLS columns at a time.
     _gather_block_tables_kernel.launch(
-        device, (triton.cdiv(num_rows, rows), num_groups),
-        idx_mapping, idx_mapping.shape[0], num_rows, max_num_reqs,
-        src_ptrs, src_strides, dst_ptrs, dst_strides, widths,
-        num_blocks, num_blocks.stride(0), block_sizes, reaches,
+        device,
+        (triton.cdiv(num_rows, rows), num_groups),
+        idx_mapping,
+        idx_mapping.shape[0],
+        num_rows,
+        max_num_reqs,
+        src_ptrs,
+        src_strides,
+        dst_ptrs,
+        dst_strides,
+        widths,
+        num_blocks,
+        num_blocks.stride(0),
+        block_sizes,
+        reaches,
         num_computed_tokens if mask_window else idx_mapping,
-        MAX_WIDTH=max_width, MASK_WINDOW=mask_window, ROWS=rows, COLS=cols,
+        MAX_WIDTH=max_width,
+        MASK_WINDOW=mask_window,
+        ROWS=rows,
+        COLS=cols,
     )
 
 
@@ -246,6 +282,7 @@ def _compute_slot_mappings_kernel(
     out_len,
     NUM_GROUPS: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
+    POS32: tl.constexpr,  # every table spans < 2**31 positions: index math in int32
     PAD_ID: tl.constexpr,
     TILE: tl.constexpr,
 ):
@@ -266,9 +303,13 @@ def _compute_slot_mappings_kernel(
     r = tl.load(idx_mapping + lo, mask=real, other=-1).to(tl.int64)
     owned = real & (r >= 0) & (r < max_num_reqs)
     p = tl.load(positions + t, mask=owned, other=0).to(tl.int64)
+    # A position past 2**31 lies outside every table when POS32 holds.
+    in_range = owned & (p >= 0) & (p < (2**31 if POS32 else 2**62))
+    if POS32:
+        p = tl.where(in_range, p, 0).to(tl.int32)
     for g in range(NUM_GROUPS):
-        block_size = tl.load(block_sizes + g)
-        cp = tl.load(group_cp_sizes + g)
+        block_size = tl.load(block_sizes + g).to(p.dtype)
+        cp = tl.load(group_cp_sizes + g).to(p.dtype)
         virtual = block_size * cp
         col = p // virtual
         o = p - col * virtual
@@ -279,10 +320,11 @@ def _compute_slot_mappings_kernel(
         mine = (o // cp_interleave) % cp == rank
         local = (o // (cp_interleave * cp)) * cp_interleave + o % cp_interleave
         limit = tl.load(widths + g) * tl.load(enabled + g)  # 0 columns when disabled
-        ok = owned & mine & (p >= 0) & (col < limit)
+        ok = in_range & mine & (col < limit)
         table = tl.load(table_ptrs + g).to(tl.pointer_type(tl.int32))
         block = tl.load(table + r * tl.load(table_strides + g) + col, mask=ok, other=0)
-        slot = tl.where(ok, block.to(tl.int64) * block_size + local, PAD_ID)
+        slot = block.to(tl.int64) * block_size.to(tl.int64) + local.to(tl.int64)
+        slot = tl.where(ok, slot, PAD_ID)
         tl.store(out + g * out_stride + t, slot, mask=in_buf)
 
 
@@ -299,9 +341,15 @@ def compute_slot_mappings(
     enabled: torch.Tensor,
     cp_rank: int,
     cp_interleave: int,
+    max_span: int,
     out: torch.Tensor,
 ) -> None:
-    """Fill every entry of `out` `[num_groups, out_len]`: SPEC.md section 2 or `PAD_SLOT_ID`."""
+    """Fill every entry of `out` `[num_groups, out_len]`: SPEC.md section 2 or `PAD_SLOT_ID`.
+
+    `max_span` is the most positions any group's table covers
+    (`width * block_size * group_cp_size`); below 2**31 the index arithmetic
+    runs in int32, which is several times cheaper than int64 division on GPUs.
+    """
     device = out.device
     num_reqs = idx_mapping.shape[0]
     num_groups, out_len = out.shape
@@ -309,10 +357,28 @@ def compute_slot_mappings(
     # grid: (cdiv(out_len, TILE),); one program maps TILE tokens of the buffer
     # for every group, finding each token's request by binary search.
     _compute_slot_mappings_kernel.launch(
-        device, (triton.cdiv(out_len, tile),) if num_groups else (0,),
-        idx_mapping, num_reqs, max_num_reqs, query_start_loc, positions, positions.shape[0],
-        table_ptrs, table_strides, widths, block_sizes, group_cp_sizes, enabled,
-        cp_rank, cp_interleave, out, out.stride(0), out_len,
-        NUM_GROUPS=num_groups, SEARCH_STEPS=_search_steps(max_num_reqs), PAD_ID=PAD_SLOT_ID,
+        device,
+        (triton.cdiv(out_len, tile),) if num_groups else (0,),
+        idx_mapping,
+        num_reqs,
+        max_num_reqs,
+        query_start_loc,
+        positions,
+        positions.shape[0],
+        table_ptrs,
+        table_strides,
+        widths,
+        block_sizes,
+        group_cp_sizes,
+        enabled,
+        cp_rank,
+        cp_interleave,
+        out,
+        out.stride(0),
+        out_len,
+        NUM_GROUPS=num_groups,
+        SEARCH_STEPS=_search_steps(max_num_reqs),
+        POS32=max_span < 2**31,
+        PAD_ID=PAD_SLOT_ID,
         TILE=tile,
     )

@@ -44,15 +44,22 @@ def local_len(seq_len: int, cp_rank: int, cp_size: int, interleave: int) -> int:
     return (seq_len // span) * interleave + min(max(rem, 0), interleave)
 
 
-def owned_positions(seq_len: int, cp_rank: int, cp_size: int, interleave: int,
-                    block_size: int) -> np.ndarray:
+def owned_positions(
+    seq_len: int, cp_rank: int, cp_size: int, interleave: int, block_size: int
+) -> np.ndarray:
     """The positions `< seq_len` that `cp_rank` owns, ascending (by brute force)."""
     p = np.arange(seq_len, dtype=np.int64)
     return p[owner(p, cp_size, interleave, block_size) == cp_rank]
 
 
-def slots_for_positions(table_row: np.ndarray, positions: np.ndarray, block_size: int,
-                        cp_size: int, cp_rank: int, interleave: int) -> np.ndarray:
+def slots_for_positions(
+    table_row: np.ndarray,
+    positions: np.ndarray,
+    block_size: int,
+    cp_size: int,
+    cp_rank: int,
+    interleave: int,
+) -> np.ndarray:
     """Section 2's write slot of each position for one request on one rank.
 
     Pass `cp_size=1` for an unsharded group. Positions whose table column lies
@@ -93,29 +100,41 @@ class ReferenceBlockTables:
     def __init__(self, config: BlockTablesConfig) -> None:
         self.config = config
         g = config.num_kv_cache_groups
-        self.tables = [np.zeros((config.max_num_reqs, m), dtype=np.int64)
-                       for m in config.max_num_blocks_per_group]
+        self.tables = [
+            np.zeros((config.max_num_reqs, m), dtype=np.int64)
+            for m in config.max_num_blocks_per_group
+        ]
         self.num_blocks = np.zeros((g, config.max_num_reqs), dtype=np.int64)
 
-    def append_block_ids(self, req_index: int, new_block_ids: Sequence[Sequence[int]],
-                         overwrite: bool) -> None:
+    def append_block_ids(
+        self, req_index: int, new_block_ids: Sequence[Sequence[int]], overwrite: bool
+    ) -> None:
         cfg = self.config
         if not 0 <= req_index < cfg.max_num_reqs:
             raise ValueError(f"req_index {req_index} outside [0, {cfg.max_num_reqs})")
-        starts = [0 if overwrite else int(self.num_blocks[g, req_index])
-                  for g in range(cfg.num_kv_cache_groups)]
+        starts = [
+            0 if overwrite else int(self.num_blocks[g, req_index])
+            for g in range(cfg.num_kv_cache_groups)
+        ]
         for g, ids in enumerate(new_block_ids):
             end = starts[g] + len(ids)
             if end > cfg.max_num_blocks_per_group[g]:
-                raise RuntimeError(f"request {req_index} group {g}: end {end} > capacity "
-                                   f"{cfg.max_num_blocks_per_group[g]}")
+                raise RuntimeError(
+                    f"request {req_index} group {g}: end {end} > capacity "
+                    f"{cfg.max_num_blocks_per_group[g]}"
+                )
         for g, ids in enumerate(new_block_ids):
             ids = [NULL_BLOCK_ID] * len(ids) if self.redirect_writes_to_null_block else ids
-            self.tables[g][req_index, starts[g]:starts[g] + len(ids)] = ids
+            self.tables[g][req_index, starts[g] : starts[g] + len(ids)] = ids
             self.num_blocks[g, req_index] = starts[g] + len(ids)
 
-    def slot_mappings(self, idx_mapping: np.ndarray, query_start_loc: np.ndarray,
-                      positions: np.ndarray, out_len: int) -> np.ndarray:
+    def slot_mappings(
+        self,
+        idx_mapping: np.ndarray,
+        query_start_loc: np.ndarray,
+        positions: np.ndarray,
+        out_len: int,
+    ) -> np.ndarray:
         """Expected `[groups, out_len]` slot mapping (every entry defined)."""
         cfg = self.config
         idx_mapping = np.asarray(idx_mapping, dtype=np.int64)
@@ -131,12 +150,14 @@ class ReferenceBlockTables:
                     continue
                 lo, hi = qsl[b], qsl[b + 1]
                 out[g, lo:hi] = slots_for_positions(
-                    self.tables[g][r], positions[lo:hi], cfg.block_sizes[g], c, k,
-                    cfg.cp_interleave)
+                    self.tables[g][r], positions[lo:hi], cfg.block_sizes[g], c, k, cfg.cp_interleave
+                )
         return out
 
     def gathered_block_tables(
-        self, idx_mapping: np.ndarray, num_rows: int,
+        self,
+        idx_mapping: np.ndarray,
+        num_rows: int,
         num_computed_tokens: np.ndarray | None = None,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Expected forward-pass tables, rows `[0, num_rows)`, as `(values, defined)` per group.

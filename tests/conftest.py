@@ -1,0 +1,77 @@
+"""Fixtures shared by the test modules: devices and paired implementation/reference."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from cp_blocktables import BlockTables, BlockTablesConfig
+from cp_blocktables.reference import ReferenceBlockTables
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    """Every test that takes `device` runs on CPU (interpreter) and, where present, CUDA."""
+    return torch.device(request.param)
+
+
+class Pair:
+    """A `BlockTables` under test and the reference model fed the same calls."""
+
+    def __init__(self, device: torch.device, **kwargs) -> None:
+        self.device = device
+        self.bt = BlockTables(device=device, **kwargs)
+        self.ref = ReferenceBlockTables(BlockTablesConfig(**kwargs))
+
+    def tensor(self, values, dtype=torch.int32) -> torch.Tensor:
+        return torch.tensor(np.asarray(values), dtype=dtype, device=self.device)
+
+    def append(self, req_index: int, ids: tuple[list[int], ...], overwrite: bool = False) -> None:
+        self.bt.append_block_ids(req_index, ids, overwrite)
+        self.ref.append_block_ids(req_index, ids, overwrite)
+
+    def slots(self, idx_mapping, qsl, positions, num_tokens_padded) -> np.ndarray:
+        """Runs both; asserts the whole persistent buffer matches; returns the returned view."""
+        out = self.bt.compute_slot_mappings(
+            self.tensor(idx_mapping),
+            self.tensor(qsl),
+            self.tensor(positions, torch.int64),
+            num_tokens_padded,
+        )
+        expected = self.ref.slot_mappings(
+            idx_mapping, qsl, np.asarray(positions), self.bt.max_num_batched_tokens
+        )
+        np.testing.assert_array_equal(self.bt.slot_mappings.cpu().numpy(), expected)
+        assert out.shape == (self.bt.num_kv_cache_groups, num_tokens_padded)
+        return out.cpu().numpy()
+
+    def gather(self, idx_mapping, num_reqs_padded, num_rows=None, num_computed_tokens=None):
+        """Runs both; asserts every defined entry of rows `[0, num_rows)`; returns the views."""
+        nct = None if num_computed_tokens is None else self.tensor(num_computed_tokens)
+        out = self.bt.gather_block_tables(
+            self.tensor(idx_mapping), num_reqs_padded, num_computed_tokens=nct
+        )
+        rows = num_rows or num_reqs_padded
+        expected = self.ref.gathered_block_tables(
+            np.asarray(idx_mapping), rows, num_computed_tokens
+        )
+        for g, (values, defined) in enumerate(expected):
+            got = self.bt.input_block_tables[g][:rows].cpu().numpy()
+            np.testing.assert_array_equal(got[defined], values[defined], err_msg=f"group {g}")
+        return [t.cpu().numpy() for t in out]
+
+
+@pytest.fixture
+def pair(device) -> Callable[..., Pair]:
+    """Factory: `pair(block_sizes=..., ...)` builds a `Pair` on the test's `device`
+    (or on the device named by `on=`)."""
+
+    def build(on: str | None = None, **kwargs) -> Pair:
+        return Pair(torch.device(on) if on else device, **kwargs)
+
+    return build

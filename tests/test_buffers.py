@@ -1,0 +1,145 @@
+"""UVA pools, UVA-backed tensors, staged writes and the fused writer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cp_blocktables import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor, UvaBufferPool
+from cp_blocktables._jit import launch_counts
+
+
+def test_pool_round_robin_keeps_earlier_buffers(device):
+    pool = UvaBufferPool(4, torch.int32, max_concurrency=2, device=device)
+    a = pool.copy_to_uva([1, 2])
+    b = pool.copy_to_uva([3, 4, 5])
+    assert a.data_ptr() != b.data_ptr()
+    assert a.tolist() == [1, 2] and b.tolist() == [3, 4, 5]
+    c = pool.copy_to_uva([6])
+    assert c.data_ptr() == a.data_ptr()
+    assert b.tolist() == [3, 4, 5]
+
+
+def test_pool_grows_to_next_power_of_two(device):
+    pool = UvaBufferPool((2, 3), torch.int64, max_concurrency=1, device=device)
+    v = pool.copy_to_uva(np.arange(15).reshape(5, 3))
+    assert v.shape == (5, 3)
+    assert pool._buffers[0].cpu.shape == (8, 3)
+    np.testing.assert_array_equal(v.cpu().numpy(), np.arange(15).reshape(5, 3))
+
+
+def test_pool_copy_to_gpu_is_a_device_copy(device):
+    pool = UvaBufferPool(4, torch.float32, device=device)
+    out = torch.zeros(3, device=device)
+    pool.copy_to_gpu([1.5, 2.5, 3.5], out=out)
+    assert out.tolist() == [1.5, 2.5, 3.5]
+    fresh = pool.copy_to_gpu([7.0])
+    assert fresh.device.type == device.type and fresh.tolist() == [7.0]
+
+
+def test_uva_backed_tensor_publishes_snapshots(device):
+    t = UvaBackedTensor((2, 3), torch.int32, device=device)
+    t.np[1, 2] = 5
+    assert t.gpu[1, 2].item() == 0, "host edits stay private until published"
+    first = t.copy_to_uva()
+    t.np[1, 2] = 6
+    second = t.copy_to_uva()
+    assert first[1, 2].item() == 5 and second[1, 2].item() == 6
+    assert t.copy_to_uva(1).shape == (1, 3)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32], ids=str)
+def test_staged_writes_apply_in_one_launch(device, dtype):
+    t = StagedWriteTensor((3, 5), dtype, device)
+    t.stage_write(0, 1, [1, 2, 3])
+    t.stage_write(2, 0, [4])
+    t.stage_write(1, 4, [])
+    t.stage_write_elem(1, 9)
+    before = launch_counts["_apply_writes_kernel"]
+    t.apply_write()
+    assert launch_counts["_apply_writes_kernel"] == before + 1
+    expected = [[0, 1, 2, 3, 0], [9, 0, 0, 0, 0], [4, 0, 0, 0, 0]]
+    assert t.gpu.cpu().tolist() == expected
+    assert not (
+        t._staged_write_indices
+        or t._staged_write_contents
+        or t._staged_write_starts
+        or t._staged_write_cu_lens
+    )
+
+
+def test_staged_write_elem_on_1d(device):
+    t = StagedWriteTensor(6, torch.int64, device)
+    t.stage_write_elem(4, 2**40)
+    t.stage_write_elem(0, -3)
+    t.apply_write()
+    assert t.gpu.cpu().tolist() == [-3, 0, 0, 0, 2**40, 0]
+
+
+def test_overlapping_staged_writes_last_wins(device):
+    t = StagedWriteTensor((2, 8), torch.int32, device)
+    t.stage_write(0, 0, [1, 1, 1, 1, 1, 1])
+    t.stage_write(1, 0, [5, 5])
+    t.stage_write(0, 2, [2, 2])
+    t.stage_write(0, 5, [3, 3, 3])
+    t.stage_write(0, 3, [4])
+    t.apply_write()
+    assert t.gpu[0].cpu().tolist() == [1, 1, 2, 4, 1, 3, 3, 3]
+    assert t.gpu[1].cpu().tolist() == [5, 5, 0, 0, 0, 0, 0, 0]
+
+
+def test_clear_staged_writes(device):
+    t = StagedWriteTensor((2, 2), torch.int32, device)
+    t.stage_write(0, 0, [1])
+    t.clear_staged_writes()
+    t.apply_write()
+    assert t.gpu.abs().sum().item() == 0
+
+
+def test_staged_write_refuses_other_dtypes():
+    with pytest.raises(ValueError, match="dtypes"):
+        StagedWriteTensor((2, 2), torch.float16, "cpu")
+
+
+def test_staged_write_outside_tensor_is_refused():
+    t = StagedWriteTensor((2, 2), torch.int32, "cpu")
+    with pytest.raises(IndexError, match="row 2"):
+        t.stage_write(2, 0, [1])
+    assert not t._staged_write_indices
+
+
+def test_many_writes_grow_buffers(device):
+    t = StagedWriteTensor((4, 600), torch.int32, device)
+    for i in range(600):
+        t.stage_write_elem(i % 4, i)  # every row overwritten many times: last wins
+    t.stage_write(3, 10, list(range(500)))
+    t.apply_write()
+    got = t.gpu.cpu().numpy()
+    assert got[0, 0] == 596 and got[1, 0] == 597 and got[2, 0] == 598 and got[3, 0] == 599
+    np.testing.assert_array_equal(got[3, 10:510], np.arange(500))
+
+
+def test_fused_writer_one_launch_for_all_tensors(device):
+    tensors = [StagedWriteTensor((3, w), torch.int32, device) for w in (2, 4, 8)]
+    ptrs = torch.tensor([t.gpu.data_ptr() for t in tensors], dtype=torch.uint64, device=device)
+    strides = torch.tensor([t.gpu.stride(0) for t in tensors], dtype=torch.int64, device=device)
+    tensors[0].stage_write(2, 0, [1, 2])
+    tensors[2].stage_write(0, 5, [3, 4, 5])
+    tensors[2].stage_write(0, 6, [6])
+    writer = FusedStagedWriter(device, max_writes=2)
+    before = sum(launch_counts.values())
+    writer.apply(tensors, ptrs, strides)
+    assert sum(launch_counts.values()) == before + 1
+    assert tensors[0].gpu[2].tolist() == [1, 2]
+    assert tensors[1].gpu.abs().sum().item() == 0
+    assert tensors[2].gpu[0].tolist() == [0, 0, 0, 0, 0, 3, 6, 5]
+    assert all(not t._staged_write_indices for t in tensors)
+
+
+def test_fused_writer_refuses_mixed_dtypes():
+    tensors = [StagedWriteTensor(2, torch.int32, "cpu"), StagedWriteTensor(2, torch.int64, "cpu")]
+    with pytest.raises(ValueError, match="one dtype"):
+        FusedStagedWriter("cpu", 4).apply(
+            tensors, torch.zeros(2, dtype=torch.uint64), torch.zeros(2, dtype=torch.int64)
+        )
