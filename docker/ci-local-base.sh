@@ -151,10 +151,12 @@ build_base_image() {
         return
     fi
     rootfs=$(mktemp -d /var/tmp/cp-blocktables-rootfs.XXXXXX)
+    local start=$SECONDS
     log "debootstrap $SUITE into $rootfs"
     debootstrap --variant=minbase --include="$ROOTFS_PACKAGES" "$SUITE" "$rootfs" "$MIRROR" \
         >"$rootfs.log" 2>&1 || { tail -n 20 "$rootfs.log" >&2; return 1; }
     rm -f "$rootfs.log"
+    log "debootstrap took $((SECONDS - start)) s"
     if compgen -G "$HOST_CA_DIR/*.crt" >/dev/null; then
         cp "$HOST_CA_DIR"/*.crt "$rootfs$HOST_CA_DIR/"
     fi
