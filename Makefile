@@ -37,3 +37,30 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+
+# Docker: build the CPU image and run the suite or the verify job inside it. Multi-process
+# torch needs more shared memory than docker's 64 MB default (gloo runs fail or hang there).
+DOCKER ?= docker
+IMAGE ?= cp-blocktables:cpu
+DOCKERFILE ?= docker/Dockerfile
+BASE_IMAGE ?=
+DOCKER_SHM ?= 1g
+DOCKER_BUILD_ARGS ?=
+DOCKER_RUN_ARGS ?=
+DOCKER_RUN := $(DOCKER) run --rm --shm-size=$(DOCKER_SHM) $(DOCKER_RUN_ARGS)
+
+.PHONY: docker-build docker-test docker-verify docker-ci
+
+docker-build:
+	$(DOCKER) build --force-rm -f $(DOCKERFILE) -t $(IMAGE) \
+		$(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE)) \
+		--build-arg TORCH_SPEC="$(TORCH_SPEC)" $(DOCKER_BUILD_ARGS) .
+
+docker-test:
+	$(DOCKER_RUN) $(IMAGE) make test PYTEST_ARGS="$(PYTEST_ARGS)"
+
+docker-verify:
+	$(DOCKER_RUN) $(IMAGE) make verify
+
+docker-ci:
+	bash docker/ci-local-base.sh
