@@ -71,3 +71,36 @@ def test_round_robin_keeps_in_flight_buffer(max_concurrency, expected):
     pool.copy_to_uva([2] * 1024)
     torch.cuda.synchronize()
     assert out.unique().tolist() == [expected]
+
+
+def test_slot_mappings_replay_from_a_cuda_graph():
+    """On CUDA the call is capturable: a replay after new positions gives their slots."""
+    from cp_blocktables import BlockTablesConfig
+    from cp_blocktables.reference import ReferenceBlockTables
+
+    kwargs = dict(
+        block_sizes=[16, 32],
+        max_num_reqs=4,
+        max_num_batched_tokens=64,
+        max_num_blocks_per_group=[8, 4],
+        cp_size=2,
+        cp_rank=1,
+        cp_interleave=4,
+    )
+    bt = BlockTables(device=torch.device("cuda"), **kwargs)
+    ref = ReferenceBlockTables(BlockTablesConfig(**kwargs))
+    for t in (bt, ref):
+        t.append_block_ids(2, ([3, 4, 5], [6, 7]), True)
+    bt.apply_staged_writes()
+    idx = torch.tensor([2], dtype=torch.int32, device="cuda")
+    qsl = torch.tensor([0, 8], dtype=torch.int32, device="cuda")
+    pos = torch.arange(8, dtype=torch.int64, device="cuda")
+    bt.compute_slot_mappings(idx, qsl, pos, 8)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        bt.compute_slot_mappings(idx, qsl, pos, 8)
+    pos.copy_(torch.arange(40, 48, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = ref.slot_mappings([2], [0, 8], list(range(40, 48)), 64)
+    assert bt.slot_mappings.cpu().tolist() == expected.tolist()
