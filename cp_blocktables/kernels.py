@@ -151,27 +151,8 @@ def apply_writes(
 
     Writes must not overlap (callers resolve overlaps on the host first).
     """
-    num_writes, num_elems = rows.shape[0], contents.shape[0]
-    tile = 8192 if _on_cpu(dst.device) else 1024
     stride = dst.stride(0) if dst.dim() > 1 else 1
-    # grid: (cdiv(num_elems, TILE),); one program writes TILE content elements,
-    # each finding its write by binary search over cu_lens.
-    _apply_writes_kernel.launch(
-        dst.device,
-        (_cdiv(num_elems, tile),),
-        dst,
-        stride,
-        rows,
-        rows,
-        starts,
-        cu_lens,
-        contents,
-        num_writes,
-        num_elems,
-        SEARCH_STEPS=_search_steps(num_writes),
-        FUSED=False,
-        TILE=tile,
-    )
+    _launch_apply(dst.device, dst, stride, rows, rows, starts, cu_lens, contents, fused=False)
 
 
 def apply_fused_writes(
@@ -184,15 +165,25 @@ def apply_fused_writes(
     cu_lens: torch.Tensor,
     contents: torch.Tensor,
 ) -> None:
-    """`apply_writes` for many destination tensors of one dtype, in one launch."""
+    """`apply_writes` for many destination tensors of one dtype, in one launch:
+    write `w` goes to the tensor whose data pointer is `dst_ptrs[tensor_ids[w]]`."""
+    _launch_apply(
+        device, dst_ptrs, dst_strides, tensor_ids, rows, starts, cu_lens, contents, fused=True
+    )
+
+
+def _launch_apply(
+    device, dst, dst_strides, tensor_ids, rows, starts, cu_lens, contents, fused: bool
+) -> None:
     num_writes, num_elems = rows.shape[0], contents.shape[0]
     tile = 8192 if _on_cpu(device) else 1024
-    # grid: (cdiv(num_elems, TILE),); one program writes TILE content elements
-    # of any destination, loading that tensor's pointer and stride.
+    # grid: (cdiv(num_elems, TILE),); one program writes TILE content elements,
+    # each finding its write by binary search over cu_lens (and, fused, its
+    # destination's pointer and stride).
     _apply_writes_kernel.launch(
         device,
         (_cdiv(num_elems, tile),),
-        dst_ptrs,
+        dst,
         dst_strides,
         tensor_ids,
         rows,
@@ -202,7 +193,7 @@ def apply_fused_writes(
         num_writes,
         num_elems,
         SEARCH_STEPS=_search_steps(num_writes),
-        FUSED=True,
+        FUSED=fused,
         TILE=tile,
     )
 
