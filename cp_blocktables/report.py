@@ -165,8 +165,9 @@ class RunReport:
             "",
             "per rank: "
             + "; ".join(
-                f"rank {i['rank']}: {i['wall_s']:.1f} s, {i['max_rss_mb']:.0f} MB peak RSS, "
-                f"{i['tokens']} tokens"
+                f"rank {i['rank']} ({i.get('backend', '?')}, {i.get('device', '?')}): "
+                f"{i['wall_s']:.1f} s, {i['max_rss_mb']:.0f} MB peak RSS, {i['tokens']} tokens, "
+                f"{1e3 * i.get('gather_s', 0.0) / max(i.get('steps', 0), 1):.2f} ms gather a step"
                 for i in self.ranks
             ),
         ]

@@ -288,7 +288,8 @@ class _Executor:
 class _RankTotals:
     tokens: int = 0
     steps: int = 0
-    busy_s: float = 0.0
+    busy_s: float = 0.0  # in the implementation's calls
+    gather_s: float = 0.0  # moving the step's outputs to the CP group's leader
 
 
 class _PresetRun:
@@ -405,7 +406,11 @@ class _PresetRun:
                 self.ogroup,
                 self.ranks,
             )
+            t = time.monotonic()
             parts = self.comm.gather_tensor(bulk, label, self.leader, self.tgroup, self.ranks)
+            if bulk.is_cuda:  # NCCL returns once the gather is queued
+                torch.cuda.synchronize(bulk.device)
+            self.totals.gather_s += time.monotonic() - t
             disarm_watchdog()
             done += 1
             self.totals.steps += 1
@@ -537,6 +542,9 @@ def _run(comm: Comm, opts: VerifyOptions, t0: float) -> int:
         "tokens": totals.tokens,
         "steps": totals.steps,
         "busy_s": round(totals.busy_s, 3),
+        "gather_s": round(totals.gather_s, 3),
+        "backend": comm.backend,
+        "device": str(comm.device),
     }
     gathered = comm.all_gather_object(
         {"results": [r for r in results if r], "info": rank_info}, "end of run"
