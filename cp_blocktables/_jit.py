@@ -51,9 +51,14 @@ class DualKernel:
         """Run `grid` program instances on `device` (empty grids launch nothing)."""
         if any(n == 0 for n in grid):
             return
-        kernel = self._interpreted if device.type == "cpu" else self._compiled
         launch_counts[self.name] += 1
-        kernel[tuple(grid)](*args, **kwargs)
+        if device.type == "cpu":
+            self._interpreted[tuple(grid)](*args, **kwargs)
+        elif device.index is None or device.index == torch.cuda.current_device():
+            self._compiled[tuple(grid)](*args, **kwargs)
+        else:  # Triton launches on the current device
+            with torch.cuda.device(device.index):
+                self._compiled[tuple(grid)](*args, **kwargs)
 
 
 def dual_jit(fn: Callable) -> DualKernel:

@@ -100,8 +100,8 @@ class Comm:
     # ------------------------------------------------------------ setup
 
     def init(self) -> None:
-        if self.backend == "nccl":
-            torch.cuda.set_device(self.env.local_rank)
+        if self.backend == "nccl" or self._device == "cuda":
+            torch.cuda.set_device(self.device)
         try:
             dist.init_process_group(
                 self.backend,

@@ -104,3 +104,21 @@ def test_slot_mappings_replay_from_a_cuda_graph():
     torch.cuda.synchronize()
     expected = ref.slot_mappings([2], [0, 8], list(range(40, 48)), 64)
     assert bt.slot_mappings.cpu().tolist() == expected.tolist()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tables_on_a_device_that_is_not_current():
+    """Triton launches on the current device; BlockTables on cuda:1 must still work."""
+    torch.cuda.set_device(0)
+    bt = BlockTables([4, 8], 2, 8, [4, 4], torch.device("cuda", 1))
+    bt.append_block_ids(1, ([5, 6], [7]), True)
+    bt.apply_staged_writes()
+    on = dict(device="cuda:1", dtype=torch.int32)
+    slots = bt.compute_slot_mappings(
+        torch.tensor([1], **on),
+        torch.tensor([0, 2], **on),
+        torch.tensor([0, 5], device="cuda:1"),
+        2,
+    )
+    assert slots.tolist() == [[20, 25], [56, 61]]
+    assert bt.gather_block_tables(torch.tensor([1], **on), 1)[0][0, :2].tolist() == [5, 6]
