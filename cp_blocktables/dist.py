@@ -105,9 +105,11 @@ class Comm:
         if self.backend == "nccl":
             torch.cuda.set_device(self.env.local_rank)
         try:
+            store = _store_of_restart(self.env, self.timeout)
             dist.init_process_group(
                 self.backend,
-                init_method="env://",
+                init_method=None if store is not None else "env://",
+                store=store,
                 rank=self.rank,
                 world_size=self.world_size,
                 timeout=timedelta(seconds=self.timeout),
@@ -277,6 +279,27 @@ class Comm:
             return int(seq), where
         except Exception:  # noqa: BLE001 - the store itself may be gone with its host
             return None, ""
+
+
+def _store_of_restart(env: RankEnv, timeout: float):
+    """A store of this torchrun attempt's own, when torchrun restarted the group; else None.
+
+    A restarted group joins the agent's store again, where the attempt before
+    left the addresses of its process groups' ranks under the same keys: gloo
+    would connect a new subgroup to dead ranks. A prefix per attempt keeps
+    each attempt's keys apart.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(
+        env.master_addr,
+        env.master_port,
+        env.world_size,
+        is_master=False,
+        timeout=timedelta(seconds=timeout),
+    )
+    return dist.PrefixStore(f"cpbt/attempt{attempt}/", store)
 
 
 def arm_watchdog(seconds: float) -> None:
