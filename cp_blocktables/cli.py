@@ -416,6 +416,9 @@ def _drill_faults(args: argparse.Namespace) -> int:
         )
     if args.preset not in presets.PRESETS:
         raise UsageError(f"unknown preset {args.preset!r}; known: {', '.join(presets.PRESETS)}")
+    cp = presets.PRESETS[args.preset].cp_size
+    if args.nproc % cp:
+        raise UsageError(f"preset {args.preset} needs cp_size {cp}, which does not divide --nproc")
     return run_fault_drill(
         FaultDrillOptions(
             nproc=args.nproc,

@@ -885,7 +885,9 @@ def _impls(comm, opts, loaded, chosen, sizes, fault, run_id: str) -> list[dict]:
                             comm.publish(f"drill/{run_id}/{n}")
                     else:
                         seat = _Seat()
-                        comm.wait_for(f"drill/{run_id}/{n}", ecomm.ranks, f"era {era} (world size {size})")
+                        comm.wait_for(
+                            f"drill/{run_id}/{n}", ecomm.ranks, f"era {era} (world size {size})"
+                        )
                 finally:
                     ecomm.destroy()
     return results
