@@ -17,7 +17,18 @@ def test_fault_scenarios_end_named_and_leave_nothing(tmp_path):
     report = tmp_path / "faults.json"
     logs = tmp_path / "logs"
     proc = run_cli(
-        ["drill", "faults", "--timeout", "5", "--report", str(report), "--keep-logs", str(logs)],
+        [
+            "drill",
+            "faults",
+            "--timeout",
+            "4",
+            "--steps",
+            "3",
+            "--report",
+            str(report),
+            "--keep-logs",
+            str(logs),
+        ],
         timeout=600,
         env=env,
     )
@@ -35,7 +46,7 @@ def test_fault_scenarios_end_named_and_leave_nothing(tmp_path):
     assert outcomes["restart"]["exit_codes"] == [0]
     assert "attempt 1: PASS" in outcomes["restart"]["observed"]
     assert (
-        f"({step}) failed after at most 5 s: never reached by rank 1"
+        f"({step}) failed after at most 4 s: never reached by rank 1"
         in outcomes["hang"]["observed"]
     )
     assert outcomes["mismatch"]["exit_codes"] == [1, 1]
