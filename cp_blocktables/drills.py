@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import sys
 import time
@@ -50,6 +49,8 @@ from . import checks, presets, runner
 from .checks import GroupChecker, Violation
 from .contract import NULL_BLOCK_ID
 from .dist import Comm, PeerError, RankEnv, choose_backend, disarm_watchdog
+from .drill_report import DrillReport, describe_finding
+from .fault_drill import Fault
 from .impl_loader import ImplSpecError, load_impl
 from .serving import JUNK_UID, ServingState, block_id_range
 from .warmup import WarmupError, null_block_warmup
@@ -57,22 +58,6 @@ from .workload import Append, Step, Workload
 
 DRILL_VERSION = "1"
 FLAG = "redirect_writes_to_null_block"
-FAULT_ENV = "CP_BLOCKTABLES_DRILL_FAULT"
-
-WARMUP_CHECKS = {
-    "refused-while-serving": "a warm-up started with serving requests in the pool is refused "
-    "and changes nothing",
-    "exception-propagates": "an exception in the warm-up body leaves the warm-up",
-    "null-ids": "every block id appended in a warm-up is staged as 0",
-    "live-kv": "every live block is byte-identical to its bytes from before the warm-up",
-    "null-zeroed": "block 0 of every group's KV cache is zero after the warm-up",
-    "flag-restored": "redirect_writes_to_null_block has its value from before the warm-up "
-    "(also after an exception; a nested warm-up keeps the outer one's)",
-    "pool-restored": "the request pool is as before: warm-up requests gone",
-    "per-instance": "the redirect set on one instance does not redirect another instance",
-    "appends-after": "after the warm-up, appended block ids are staged as given",
-}
-"""The drill's own checks, beyond SPEC.md section 6 (which also runs on the warm-up steps)."""
 
 _WARMUP_UID = 1 << 30
 _SEED_STRIDE = 1000
@@ -151,69 +136,6 @@ def plan(opts: DrillOptions, world_size: int) -> list[presets.Preset]:
     return chosen
 
 
-# ---------------------------------------------------------------- fault injection
-
-
-class InjectedFault(RuntimeError):
-    """Raised by a rank that the fault drill told to fail mid-step."""
-
-
-@dataclass
-class Fault:
-    """A fault to inject (`CP_BLOCKTABLES_DRILL_FAULT=KIND:rank=R:step=S[:attempt=A]`).
-
-    At step `S` of the first serve phase, after the step's kernels ran and
-    before its first collective, rank `R` raises `InjectedFault` (`raise`) or
-    sleeps forever (`hang`). With `attempt=A` only torchrun's attempt `A`
-    (`TORCHELASTIC_RESTART_COUNT`) faults, so that a restarted group passes.
-    """
-
-    kind: str
-    rank: int
-    step: int
-    attempt: int | None = None
-    armed: str = ""
-
-    @staticmethod
-    def from_environ(rank: int) -> Fault | None:
-        text = os.environ.get(FAULT_ENV, "")
-        if not text:
-            return None
-        kind, *fields = text.split(":")
-        try:
-            values = {k: int(v) for k, v in (f.split("=", 1) for f in fields)}
-            fault = Fault(kind, values.pop("rank"), values.pop("step"), values.pop("attempt", None))
-        except (ValueError, KeyError) as e:
-            raise ValueError(
-                f"{FAULT_ENV}={text!r}: expected KIND:rank=R:step=S[:attempt=A] ({e})"
-            ) from None
-        if kind not in ("raise", "hang") or values:
-            raise ValueError(
-                f"{FAULT_ENV}={text!r}: KIND is raise or hang, fields rank, step, attempt"
-            )
-        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        if fault.rank != rank or fault.attempt not in (None, attempt):
-            return None
-        return fault
-
-    def after_step(self, step: int, where: str) -> None:
-        if step == self.step and not self.armed:
-            self.armed = f"step {step} of {where}"
-
-    def before_collective(self) -> None:
-        if not self.armed:
-            return
-        if self.kind == "hang":
-            print(
-                f"cp-blocktables: rank {self.rank}: injected hang at {self.armed}",
-                file=sys.stderr,
-                flush=True,
-            )
-            while True:
-                time.sleep(1)
-        raise InjectedFault(f"injected fault: rank {self.rank} raised at {self.armed}")
-
-
 # ---------------------------------------------------------------- process groups of one era
 
 
@@ -290,9 +212,14 @@ class _ServingExecutor(runner._Executor):
     """
 
     def __init__(
-        self, seat: _Seat, preset: presets.Preset, device, fault: Fault | None, where: str,
+        self,
+        seat: _Seat,
+        preset: presets.Preset,
+        device,
+        fault: Fault | None,
+        where: str,
         in_warmup: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         state = seat.state
         super().__init__(state.impl, preset, device)
         self.seat, self.state, self.fault, self.where = seat, state, fault, where
@@ -347,9 +274,17 @@ class _Phase(runner._PresetRun):
     """A harness preset run whose implementation instance and caches live in a `_Seat`."""
 
     def __init__(
-        self, ecomm: _EraComm, opts: DrillOptions, phase: int, spec: str, cls: type,
-        preset: presets.Preset, seat: _Seat, fault: Fault | None, where: str,
-    ) -> None:  # fmt: skip
+        self,
+        ecomm: _EraComm,
+        opts: DrillOptions,
+        phase: int,
+        spec: str,
+        cls: type,
+        preset: presets.Preset,
+        seat: _Seat,
+        fault: Fault | None,
+        where: str,
+    ) -> None:
         totals = runner._RankTotals()
         super().__init__(ecomm, opts.phase_options(phase), spec, cls, preset, None, totals)
         self.seat, self.fault, self.where = seat, fault, where
@@ -373,15 +308,6 @@ def _finding(check: str, what: str, rank: int, group: int | None = None, **kw: s
     return {"check": check, "what": what, "rank": rank, "group": group, **kw}
 
 
-def describe_finding(f: dict) -> str:
-    """One line: the drill check, what broke, where, expected and actual."""
-    where = f"rank {f['rank']}" + (f", group {f['group']}" if f.get("group") is not None else "")
-    text = f"{f['check']} ({WARMUP_CHECKS[f['check']]}): {f['what']} [{where}]"
-    if f.get("expected") or f.get("actual"):
-        text += f"; expected {f.get('expected', '')}, actual {f.get('actual', '')}"
-    return text
-
-
 class _CaptureFailed(Exception):
     """What the drill raises inside a warm-up, as a failed graph capture would."""
 
@@ -389,11 +315,18 @@ class _CaptureFailed(Exception):
 def _construct(cls: type, preset: presets.Preset, cp_rank: int, device: torch.device):
     cfg = preset.config(cp_rank)
     return cls(
-        cfg.block_sizes, cfg.max_num_reqs, cfg.max_num_batched_tokens,
-        cfg.max_num_blocks_per_group, device, cp_size=cfg.cp_size, cp_rank=cfg.cp_rank,
-        cp_interleave=cfg.cp_interleave, slot_mapping_enabled=cfg.slot_mapping_enabled,
-        dcp_sharded=cfg.dcp_sharded, sliding_window_reach=cfg.sliding_window_reach,
-    )  # fmt: skip
+        cfg.block_sizes,
+        cfg.max_num_reqs,
+        cfg.max_num_batched_tokens,
+        cfg.max_num_blocks_per_group,
+        device,
+        cp_size=cfg.cp_size,
+        cp_rank=cfg.cp_rank,
+        cp_interleave=cfg.cp_interleave,
+        slot_mapping_enabled=cfg.slot_mapping_enabled,
+        dcp_sharded=cfg.dcp_sharded,
+        sliding_window_reach=cfg.sliding_window_reach,
+    )
 
 
 def _probe(impl: object, row: int, ids: list[int], device: torch.device) -> list[int]:
@@ -479,9 +412,16 @@ class _Era:
     """Steps 1 to 4 of the module doc for one CP group at one world size."""
 
     def __init__(
-        self, ecomm: _EraComm, opts: DrillOptions, spec: str, cls: type,
-        preset: presets.Preset, seat: _Seat, era: int, fault: Fault | None,
-    ) -> None:  # fmt: skip
+        self,
+        ecomm: _EraComm,
+        opts: DrillOptions,
+        spec: str,
+        cls: type,
+        preset: presets.Preset,
+        seat: _Seat,
+        era: int,
+        fault: Fault | None,
+    ) -> None:
         self.ecomm, self.opts, self.spec, self.cls = ecomm, opts, spec, cls
         self.preset, self.seat, self.era, self.fault = preset, seat, era, fault
         self.rank = ecomm.rank
@@ -519,9 +459,16 @@ class _Era:
     def _serve(self, phase: int, label: str) -> dict | None:
         where = f"preset {self.preset.name}, {label}, world size {self.ecomm.size}"
         run = _Phase(
-            self.ecomm, self.opts, phase, self.spec, self.cls, self.preset, self.seat,
-            self.fault, where,
-        )  # fmt: skip
+            self.ecomm,
+            self.opts,
+            phase,
+            self.spec,
+            self.cls,
+            self.preset,
+            self.seat,
+            self.fault,
+            where,
+        )
         result = run.run()
         if run.executor is not None:
             self.seat.recent_ids = [sorted(s) for s in run.executor.appended]
@@ -565,9 +512,16 @@ class _Era:
         seed = self.opts.seed + _SEED_STRIDE * (2 * self.era) + self.cp_index
         steps = warmup_steps(self.preset, seed, self.seat.recent_ids)
         run = _Phase(
-            self.ecomm, self.opts, 2 * self.era, self.spec, self.cls, self.preset, self.seat,
-            None, "warm-up",
-        )  # fmt: skip
+            self.ecomm,
+            self.opts,
+            2 * self.era,
+            self.spec,
+            self.cls,
+            self.preset,
+            self.seat,
+            None,
+            "warm-up",
+        )
         checker = (
             GroupChecker(self.preset, _workload(self.preset, steps)) if run.is_leader else None
         )
@@ -581,9 +535,11 @@ class _Era:
                     _finding(
                         "flag-restored",
                         "a nested warm-up ended and left the outer warm-up's flag changed",
-                        self.rank, expected="True", actual=repr(getattr(impl, FLAG)),
+                        self.rank,
+                        expected="True",
+                        actual=repr(getattr(impl, FLAG)),
                     )
-                )  # fmt: skip
+                )
             run._steps(_workload(self.preset, steps[2:]), ex, checker)
             self._other_instance(found, run.comm.device)
         self._after_exit(found, live, flag0, pool0, "after the warm-up")
@@ -617,7 +573,12 @@ class _Era:
             "violations": [v.as_dict() for v in checker.violations[:20]],
             "findings": found[:50],
             "summary": f"{rows} warm-up rows, {sum(m['writes'] for m in metas)} KV writes, "
-            f"{sum(live)} live blocks on {len(live)} ranks checked",
+            f"{sum(live)} live blocks on {len(live)} ranks checked; "
+            + (
+                "refused while serving"
+                if metas[0]["refused"].startswith("a null-block")
+                else metas[0]["refused"]
+            ),
             "live_digests": [m["digest"] for m in metas],
             "refusal": metas[0]["refused"],
         }
@@ -709,9 +670,15 @@ class _Era:
             bad = [v for v in t._staged_write_contents if v != NULL_BLOCK_ID]
             if bad:
                 out.append(
-                    _finding("null-ids", "a warm-up's append staged real block ids", self.rank, g,
-                             expected="0", actual=f"{bad[:4]}")
-                )  # fmt: skip
+                    _finding(
+                        "null-ids",
+                        "a warm-up's append staged real block ids",
+                        self.rank,
+                        g,
+                        expected="0",
+                        actual=f"{bad[:4]}",
+                    )
+                )
         return out
 
     def _after_exit(self, found: list[dict], live, flag0: bool, pool0: tuple, when: str) -> None:
@@ -719,22 +686,38 @@ class _Era:
         flag = getattr(st.impl, FLAG)
         if flag != flag0:
             found.append(
-                _finding("flag-restored", f"{when}, the flag is not back", self.rank,
-                         expected=repr(flag0), actual=repr(flag))
-            )  # fmt: skip
+                _finding(
+                    "flag-restored",
+                    f"{when}, the flag is not back",
+                    self.rank,
+                    expected=repr(flag0),
+                    actual=repr(flag),
+                )
+            )
         if st.pool.snapshot() != pool0:
             found.append(
-                _finding("pool-restored", f"{when}, the pool differs", self.rank,
-                         expected=str(pool0)[:200], actual=str(st.pool.snapshot())[:200])
-            )  # fmt: skip
+                _finding(
+                    "pool-restored",
+                    f"{when}, the pool differs",
+                    self.rank,
+                    expected=str(pool0)[:200],
+                    actual=str(st.pool.snapshot())[:200],
+                )
+            )
         for g, cache in enumerate(st.caches):
             if not cache.null_block_is_zero():
                 found.append(_finding("null-zeroed", f"{when}, block 0 is not zero", self.rank, g))
         for c in st.changed_blocks(live):
             found.append(
-                _finding("live-kv", f"{when}, block {c['block']} changed at offset {c['offset']}",
-                         self.rank, c["group"], expected=c["before"], actual=c["after"])
-            )  # fmt: skip
+                _finding(
+                    "live-kv",
+                    f"{when}, block {c['block']} changed at offset {c['offset']}",
+                    self.rank,
+                    c["group"],
+                    expected=c["before"],
+                    actual=c["after"],
+                )
+            )
 
     def _other_instance(self, found: list[dict], device: torch.device) -> None:
         """Another instance, built during the warm-up, must stage what it is given."""
@@ -753,10 +736,15 @@ class _Era:
             return
         if flag is not False or got != ids:
             found.append(
-                _finding("per-instance", "an instance built during another's warm-up is redirected "
-                         f"too (its flag reads {flag!r})", self.rank,
-                         expected=f"ids {ids}", actual=f"ids {got}")
-            )  # fmt: skip
+                _finding(
+                    "per-instance",
+                    "an instance built during another's warm-up is redirected "
+                    f"too (its flag reads {flag!r})",
+                    self.rank,
+                    expected=f"ids {ids}",
+                    actual=f"ids {got}",
+                )
+            )
 
     def _appends_after(self, found: list[dict], device: torch.device) -> None:
         st = self.seat.state
@@ -774,9 +762,14 @@ class _Era:
             return
         if got != ids:
             found.append(
-                _finding("appends-after", "ids appended after the warm-up were redirected",
-                         self.rank, expected=f"ids {ids}", actual=f"ids {got}")
-            )  # fmt: skip
+                _finding(
+                    "appends-after",
+                    "ids appended after the warm-up were redirected",
+                    self.rank,
+                    expected=f"ids {ids}",
+                    actual=f"ids {got}",
+                )
+            )
 
 
 # ---------------------------------------------------------------- the whole drill on one rank
@@ -784,31 +777,24 @@ class _Era:
 
 def run_drill_rank(opts: DrillOptions) -> int:
     """Join the launched world (torchrun's environment), run the drill, agree on the verdict."""
-    t0 = time.monotonic()
     env = RankEnv.from_environ()
     if env is None:
         print("cp-blocktables: no torchrun environment (RANK, WORLD_SIZE)", file=sys.stderr)
         return 2
-    comm = Comm(env, choose_backend(opts.backend, env), opts.timeout)
-    try:
-        comm.init()
-        return _drill(comm, opts, t0)
-    except PeerError as e:
-        print(f"cp-blocktables: {e}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        disarm_watchdog()
-        comm.close()
+    return _run(Comm(env, choose_backend(opts.backend, env), opts.timeout), opts, Comm.init)
 
 
 def run_drill_in_process_group(opts: DrillOptions) -> int:
     """The drill in a process group that the caller formed (a pytest plugin's ranks)."""
-    t0 = time.monotonic()
     rank, world = dist.get_rank(), dist.get_world_size()
     env = RankEnv(rank, world, int(os.environ.get("LOCAL_RANK", rank)), world, "", 0)
-    comm = Comm(env, dist.get_backend(), opts.timeout)
+    return _run(Comm(env, dist.get_backend(), opts.timeout), opts, Comm.adopt)
+
+
+def _run(comm: Comm, opts: DrillOptions, join) -> int:
+    t0 = time.monotonic()
     try:
-        comm.adopt()
+        join(comm)
         return _drill(comm, opts, t0)
     except PeerError as e:
         print(f"cp-blocktables: {e}", file=sys.stderr, flush=True)
@@ -839,8 +825,11 @@ def _drill(comm: Comm, opts: DrillOptions, t0: float) -> int:
     mismatch = checks.agreement_violations([m["agree"] for m in records], "drill options", -1)
     if mismatch:
         if comm.rank == 0:
-            print("cp-blocktables drill: refused before any step: the ranks were started with "
-                  "different options", file=sys.stderr)  # fmt: skip
+            print(
+                "cp-blocktables drill: refused before any step: the ranks were started with "
+                "different options",
+                file=sys.stderr,
+            )
             for v in mismatch:
                 print(f"  {v.describe()}", file=sys.stderr)
         return 1
@@ -891,149 +880,3 @@ def _impls(comm, opts, loaded, chosen, sizes, fault, run_id: str) -> list[dict]:
                 finally:
                     ecomm.destroy()
     return results
-
-
-# ---------------------------------------------------------------- the report
-
-
-class DrillReport:
-    """Every rank's records, as a table, a verdict, a reproduction line and JSON."""
-
-    def __init__(self, opts: DrillOptions, world_size: int, backend: str, sizes, gathered) -> None:
-        self.opts, self.world_size, self.backend, self.sizes = opts, world_size, backend, sizes
-        self.records = sorted(
-            (r for g in gathered for r in g["results"]),
-            key=lambda r: (
-                opts.impls.index(r["impl"]),
-                [p for p in opts.presets].index(r["preset"]) if r["preset"] in opts.presets else 0,
-                r["era"],
-                r["cp_group"],
-                ("serve 1", "warm-up", "serve 2").index(r["stage"]),
-            ),
-        )
-        self.ranks = sorted((g["info"] for g in gathered), key=lambda i: i["rank"])
-
-    def passed(self) -> bool:
-        return bool(self.records) and not any(r["failures"] for r in self.records)
-
-    def impl_verdicts(self) -> dict[str, dict]:
-        out = {}
-        for spec in self.opts.impls:
-            mine = [r for r in self.records if r["impl"] == spec]
-            bad = [r for r in mine if r["failures"]]
-            out[spec] = {
-                "passed": bool(mine) and not bad,
-                "failed_stage": bad[0]["stage"] if bad else None,
-                "failed_checks": sorted({c for r in bad for c in r["failed_checks"]}),
-                "first_failure": bad[0]["failures"][0] if bad else None,
-            }
-        return out
-
-    def repro(self, spec: str) -> str:
-        parts = [os.path.basename(sys.executable), "-m", "cp_blocktables", "drill", "null-block",
-                 "--world-size", str(self.world_size)]  # fmt: skip
-        if self.opts.sizes:
-            parts += ["--sizes", ",".join(map(str, self.opts.sizes))]
-        for p in self.opts.presets:
-            parts += ["--preset", p]
-        parts += ["--seed", str(self.opts.seed)]
-        for name in ("steps", "cp_size", "cp_interleave"):
-            value = getattr(self.opts, name)
-            if value is not None:
-                parts += [f"--{name.replace('_', '-')}", str(value)]
-        if spec != "cp_blocktables:BlockTables":
-            parts += ["--impl", spec]
-        return " ".join(parts)
-
-    def render(self) -> str:
-        lines = [
-            f"cp-blocktables drill null-block: world sizes {' -> '.join(map(str, self.sizes))} "
-            f"({self.world_size} ranks launched"
-            + (f", torchrun attempt {os.environ.get('TORCHELASTIC_RESTART_COUNT')}"
-               if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" else "")
-            + f"), backend {self.backend}, seed {self.opts.seed}"
-        ]  # fmt: skip
-        header = (
-            f"{'preset':<16} {'size':>4} {'cp grp':>6} {'ranks':<8} {'stage':<8} "
-            f"{'steps':>5} {'tokens':>7}  result"
-        )
-        current = None
-        for r in self.records:
-            if r["impl"] != current:
-                current = r["impl"]
-                lines += ["", f"implementation {current}", header, "-" * len(header)]
-            ranks = (
-                f"{r['ranks'][0]}-{r['ranks'][-1]}" if len(r["ranks"]) > 1 else str(r["ranks"][0])
-            )
-            verdict = "FAIL" if r["failures"] else "ok"
-            kept = (
-                " (state kept from the previous size)"
-                if r["kept_state"] and r["stage"] == "serve 1"
-                else ""
-            )
-            lines.append(
-                f"{r['preset']:<16} {r['size']:>4} {r['cp_group']:>6} {ranks:<8} {r['stage']:<8} "
-                f"{r['steps']:>5} {r['tokens']:>7}  {verdict}: {r['summary']}{kept}"
-            )
-        lines += ["", "warm-up checks, on every rank of every CP group at every size:"]
-        lines += [f"  {name}: {text}" for name, text in WARMUP_CHECKS.items()]
-        lines += [
-            "  and SPEC.md section 6's checks on every warm-up step (ids 0, slots in block 0)"
-        ]
-        lines += [
-            "",
-            "per rank: "
-            + "; ".join(f"rank {i['rank']}: {i['wall_s']:.1f} s, {i['max_rss_mb']:.0f} MB peak RSS"
-                        for i in self.ranks),
-        ]  # fmt: skip
-        return "\n".join(lines + [""] + self.verdict_lines()) + "\n"
-
-    def verdict_lines(self) -> list[str]:
-        if self.passed():
-            groups = len({(r["impl"], r["preset"], r["era"], r["cp_group"]) for r in self.records})
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            return [
-                f"PASS: {len(self.records)} stages in {groups} CP-group runs at world sizes "
-                f"{', '.join(map(str, self.sizes))}: every warm-up left live KV untouched, and "
-                f"every check held before and after it"
-                + (f" (torchrun attempt {attempt}, from a fresh start)" if attempt != "0" else "")
-            ]
-        lines = []
-        for spec, v in self.impl_verdicts().items():
-            if not v["passed"]:
-                bad = next(r for r in self.records if r["impl"] == spec and r["failures"])
-                lines += [
-                    f"FAIL: implementation {spec}: preset {bad['preset']}, world size "
-                    f"{bad['size']}, CP group {bad['cp_group']}, stage {bad['stage']}",
-                    *(f"  {text}" for text in bad["failures"]),
-                    f"reproduce: {self.repro(spec)}",
-                ]
-            elif v["first_failure"] is None and not any(r["impl"] == spec for r in self.records):
-                lines.append(f"FAIL: implementation {spec}: no stage ran")
-        return lines or ["FAIL: no stage ran"]
-
-    def as_dict(self) -> dict:
-        return {
-            "passed": self.passed(),
-            "world_size": self.world_size,
-            "sizes": self.sizes,
-            "backend": self.backend,
-            "options": vars(self.opts),
-            "checks": checks.CHECKS,
-            "warmup_checks": WARMUP_CHECKS,
-            "implementations": self.impl_verdicts(),
-            "records": self.records,
-            "ranks": self.ranks,
-        }
-
-    def emit(self) -> None:
-        out = sys.stdout
-        out.write("\n".join(self.verdict_lines()) + "\n" if self.opts.quiet else self.render())
-        out.flush()
-        if self.opts.report_path:
-            parent = os.path.dirname(self.opts.report_path)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            with open(self.opts.report_path, "w") as f:
-                json.dump(self.as_dict(), f, indent=1)
-                f.write("\n")

@@ -1,7 +1,7 @@
 """`cp-blocktables drill faults`: ranks that fail end the run, are named, and leave nothing.
 
 Each scenario is a real run of the null-block drill (`launch/drill.py`) with
-`--nproc` ranks; the last rank misbehaves (`drills.Fault`, set through
+`--nproc` ranks; the last rank misbehaves (`Fault`, set through
 `CP_BLOCKTABLES_DRILL_FAULT`):
 
 - `raise`: it raises at step 2 of its first serve phase, under torchrun.
@@ -44,7 +44,7 @@ from pathlib import Path
 SCENARIOS = ("raise", "restart", "hang", "mismatch")
 FAULT_STEP = 2
 _MARKER = "CP_BLOCKTABLES_DRILL_MARKER"
-_FAULT_ENV = "CP_BLOCKTABLES_DRILL_FAULT"
+FAULT_ENV = "CP_BLOCKTABLES_DRILL_FAULT"
 _SCRIPT = Path(__file__).resolve().parents[1] / "launch" / "drill.py"
 
 
@@ -101,22 +101,99 @@ def run_fault_drill(opts: FaultDrillOptions) -> int:
     return 0 if all(o.passed for o in ordered) else 1
 
 
+# ---------------------------------------------------------------- the fault a rank injects
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a rank that the fault drill told to fail mid-step."""
+
+
+@dataclass
+class Fault:
+    """A fault to inject (`CP_BLOCKTABLES_DRILL_FAULT=KIND:rank=R:step=S[:attempt=A]`).
+
+    At step `S` of the first serve phase, after the step's kernels ran and
+    before its first collective, rank `R` raises `InjectedFault` (`raise`) or
+    sleeps forever (`hang`). With `attempt=A` only torchrun's attempt `A`
+    (`TORCHELASTIC_RESTART_COUNT`) faults, so that a restarted group passes.
+    """
+
+    kind: str
+    rank: int
+    step: int
+    attempt: int | None = None
+    armed: str = ""
+
+    @staticmethod
+    def from_environ(rank: int) -> Fault | None:
+        text = os.environ.get(FAULT_ENV, "")
+        if not text:
+            return None
+        kind, *fields = text.split(":")
+        try:
+            values = {k: int(v) for k, v in (f.split("=", 1) for f in fields)}
+            fault = Fault(kind, values.pop("rank"), values.pop("step"), values.pop("attempt", None))
+        except (ValueError, KeyError) as e:
+            raise ValueError(
+                f"{FAULT_ENV}={text!r}: expected KIND:rank=R:step=S[:attempt=A] ({e})"
+            ) from None
+        if kind not in ("raise", "hang") or values:
+            raise ValueError(
+                f"{FAULT_ENV}={text!r}: KIND is raise or hang, fields rank, step, attempt"
+            )
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if fault.rank != rank or fault.attempt not in (None, attempt):
+            return None
+        return fault
+
+    def after_step(self, step: int, where: str) -> None:
+        if step == self.step and not self.armed:
+            self.armed = f"step {step} of {where}"
+
+    def before_collective(self) -> None:
+        if not self.armed:
+            return
+        if self.kind == "hang":
+            print(
+                f"cp-blocktables: rank {self.rank}: injected hang at {self.armed}",
+                file=sys.stderr,
+                flush=True,
+            )
+            while True:
+                time.sleep(1)
+        raise InjectedFault(f"injected fault: rank {self.rank} raised at {self.armed}")
+
+
 # ---------------------------------------------------------------- scenarios
 
 
 def _drill_args(opts: FaultDrillOptions) -> list[str]:
     return [
-        "--preset", opts.preset, "--steps", str(opts.steps),
-        "--timeout", f"{opts.timeout:g}", "--quiet",
-    ]  # fmt: skip
+        "--preset",
+        opts.preset,
+        "--steps",
+        str(opts.steps),
+        "--timeout",
+        f"{opts.timeout:g}",
+        "--quiet",
+    ]
 
 
 def _torchrun(opts: FaultDrillOptions, logs: Path, restarts: int) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(opts.nproc), "--max-restarts", str(restarts),
-        "--log-dir", str(logs), str(_SCRIPT), *_drill_args(opts),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(opts.nproc),
+        "--max-restarts",
+        str(restarts),
+        "--log-dir",
+        str(logs),
+        str(_SCRIPT),
+        *_drill_args(opts),
+    ]
 
 
 def _raise(opts: FaultDrillOptions, logs: Path) -> Outcome:
@@ -126,7 +203,7 @@ def _raise(opts: FaultDrillOptions, logs: Path) -> Outcome:
         f"rank {bad} raises at step {FAULT_STEP}: exit non-zero, torchrun's error file and "
         f"summary name rank {bad}, the message names the step",
     )
-    env = {_FAULT_ENV: f"raise:rank={bad}:step={FAULT_STEP}"}
+    env = {FAULT_ENV: f"raise:rank={bad}:step={FAULT_STEP}"}
     text = _run(out, [_torchrun(opts, logs, 0)], [env], _deadline(opts))
     errors = _error_files(logs, attempt=0)
     root = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", text, re.S)
@@ -153,14 +230,13 @@ def _restart(opts: FaultDrillOptions, logs: Path) -> Outcome:
         f"rank {bad} raises on torchrun's attempt 0 only; with --max-restarts 1 attempt 1 "
         f"starts fresh and passes: exit 0",
     )
-    env = {_FAULT_ENV: f"raise:rank={bad}:step={FAULT_STEP}:attempt=0"}
+    env = {FAULT_ENV: f"raise:rank={bad}:step={FAULT_STEP}:attempt=0"}
     text = _run(out, [_torchrun(opts, logs, 1)], [env], _deadline(opts))
     message = _error_files(logs, attempt=0).get(bad, "")
     passed_again = "PASS" in text and "torchrun attempt 1" in text
     out.passed = (
-        out.exit_codes[0] == 0 and "InjectedFault" in message and passed_again
-        and not out.leftovers
-    )  # fmt: skip
+        out.exit_codes[0] == 0 and "InjectedFault" in message and passed_again and not out.leftovers
+    )
     out.observed = (
         f"attempt 0, rank {bad}: {message or 'no error file'}; attempt 1: "
         f"{'PASS' if passed_again else 'did not pass'}; exit {out.exit_codes[0]}"
@@ -175,10 +251,13 @@ def _hang(opts: FaultDrillOptions, logs: Path) -> Outcome:
         f"rank {bad} hangs before step {FAULT_STEP}'s collective: the others end within the "
         f"{opts.timeout:g} s timeout naming rank {bad}; exit non-zero",
     )
-    env = {_FAULT_ENV: f"hang:rank={bad}:step={FAULT_STEP}"}
+    env = {FAULT_ENV: f"hang:rank={bad}:step={FAULT_STEP}"}
     text = _run(out, [_torchrun(opts, logs, 0)], [env], _deadline(opts))
-    named = re.search(rf"rank \d+: collective #\d+ \(.*?\) failed after at most "
-                      rf"(\d+) s: never reached by rank {bad} [^\n]*", text)  # fmt: skip
+    named = re.search(
+        rf"rank \d+: collective #\d+ \(.*?\) failed after at most "
+        rf"(\d+) s: never reached by rank {bad} [^\n]*",
+        text,
+    )
     out.passed = (
         out.exit_codes[0] not in (0, None)
         and named is not None
@@ -208,10 +287,15 @@ def _mismatch(opts: FaultDrillOptions, logs: Path) -> Outcome:
             [sys.executable, str(_SCRIPT), *_drill_args(opts), *(extra if r == bad else [])]
         )
         envs.append(
-            {"RANK": str(r), "WORLD_SIZE": str(opts.nproc), "LOCAL_RANK": str(r),
-             "LOCAL_WORLD_SIZE": str(opts.nproc), "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": str(port)}
-        )  # fmt: skip
+            {
+                "RANK": str(r),
+                "WORLD_SIZE": str(opts.nproc),
+                "LOCAL_RANK": str(r),
+                "LOCAL_WORLD_SIZE": str(opts.nproc),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+        )
     text = _run(out, cmds, envs, _deadline(opts))
     lines = [ln.strip() for ln in text.splitlines() if "differs between ranks" in ln]
     named = all(any(f"field {f!r}" in ln and f"rank {bad}:" in ln for ln in lines) for f in fields)
@@ -267,7 +351,7 @@ def _run(out: Outcome, cmds: list[list[str]], envs: list[dict], deadline: float)
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
-        )  # fmt: skip
+        )
         for cmd, env in zip(cmds, envs)
     ]
     texts = [""] * len(procs)
@@ -300,10 +384,17 @@ def _run(out: Outcome, cmds: list[list[str]], envs: list[dict], deadline: float)
 
 
 _TORCHRUN_VARS = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE",
-    _FAULT_ENV,
-)  # fmt: skip
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_ERROR_FILE",
+    FAULT_ENV,
+)
 
 
 def _error_files(logs: Path, attempt: int) -> dict[int, str]:

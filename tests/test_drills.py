@@ -61,8 +61,13 @@ def test_the_drill_passes_while_the_world_shrinks_and_grows(rank, tmp_path):
     assert sorted(runs) == [(0, 4, 0), (0, 4, 1), (1, 2, 0), (2, 4, 0), (2, 4, 1)]
     assert all([r["stage"] for r in rs] == STAGES for rs in runs.values())
     kept = {key: rs[0]["kept_state"] for key, rs in runs.items()}
-    assert kept == {(0, 4, 0): False, (0, 4, 1): False, (1, 2, 0): True, (2, 4, 0): True,
-                    (2, 4, 1): False}  # fmt: skip
+    assert kept == {
+        (0, 4, 0): False,
+        (0, 4, 1): False,
+        (1, 2, 0): True,
+        (2, 4, 0): True,
+        (2, 4, 1): False,
+    }
     assert report["sizes"] == [4, 2, 4]
 
 
@@ -99,8 +104,10 @@ def test_every_wrong_implementation_fails_the_drill(rank, tmp_path):
 def test_warmup_steps_cover_every_row_with_ids_of_live_blocks(name):
     preset = PRESETS[name]
     cfg = preset.config(0)
-    recent = [list(range(block_id_range(preset, g)[0], block_id_range(preset, g)[0] + 40))
-              for g in range(len(preset.groups))]  # fmt: skip
+    recent = [
+        list(range(block_id_range(preset, g)[0], block_id_range(preset, g)[0] + 40))
+        for g in range(len(preset.groups))
+    ]
     steps = warmup_steps(preset, 3, recent)
     assert [s.kind for s in steps] == ["warmup"] * 3
     assert sorted(a.row for a in steps[0].appends) == list(range(cfg.max_num_reqs))

@@ -10,27 +10,42 @@ import pytest
 from harness_proc import child_env, leftover_processes, run_cli
 
 from cp_blocktables import cli
-from cp_blocktables.drills import FAULT_ENV, Fault
+from cp_blocktables.fault_drill import FAULT_ENV, Fault
 
 NULL_BLOCK_ERRORS = [
-    pytest.param(["--sizes", "4,3", "--preset", "cp2-i1"],
-                 "preset cp2-i1 needs cp_size 2, which does not divide world size 3 of --sizes 4,3",
-                 id="size-not-multiple-of-cp"),
-    pytest.param(["--sizes", "8", "--world-size", "4"],
-                 "--sizes: world size 8 is outside [1, 4] (the ranks launched)", id="size-too-big"),
-    pytest.param(["--impl", "nosuch_mod:X"],
-                 "--impl 'nosuch_mod:X': cannot import module 'nosuch_mod'", id="impl-no-module"),
-    pytest.param(["--impl", "cp_blocktables:Nope"],
-                 "--impl 'cp_blocktables:Nope': module 'cp_blocktables' has no attribute 'Nope'",
-                 id="impl-no-attr"),
-    pytest.param(["--impl", "cp_blocktables"], "--impl 'cp_blocktables': expected MODULE:ATTR",
-                 id="impl-no-colon"),
-    pytest.param(["--cp-interleave", "3"],
-                 "cp_interleave=3 does not divide block_sizes[0]=16 of DCP-sharded group 0",
-                 id="interleave"),
+    pytest.param(
+        ["--sizes", "4,3", "--preset", "cp2-i1"],
+        "preset cp2-i1 needs cp_size 2, which does not divide world size 3 of --sizes 4,3",
+        id="size-not-multiple-of-cp",
+    ),
+    pytest.param(
+        ["--sizes", "8", "--world-size", "4"],
+        "--sizes: world size 8 is outside [1, 4] (the ranks launched)",
+        id="size-too-big",
+    ),
+    pytest.param(
+        ["--impl", "nosuch_mod:X"],
+        "--impl 'nosuch_mod:X': cannot import module 'nosuch_mod'",
+        id="impl-no-module",
+    ),
+    pytest.param(
+        ["--impl", "cp_blocktables:Nope"],
+        "--impl 'cp_blocktables:Nope': module 'cp_blocktables' has no attribute 'Nope'",
+        id="impl-no-attr",
+    ),
+    pytest.param(
+        ["--impl", "cp_blocktables"],
+        "--impl 'cp_blocktables': expected MODULE:ATTR",
+        id="impl-no-colon",
+    ),
+    pytest.param(
+        ["--cp-interleave", "3"],
+        "cp_interleave=3 does not divide block_sizes[0]=16 of DCP-sharded group 0",
+        id="interleave",
+    ),
     pytest.param(["--preset", "nope"], "unknown preset 'nope'", id="preset"),
     pytest.param(["--backend", "nccl"], "--backend nccl needs torchrun", id="nccl-spawned"),
-]  # fmt: skip
+]
 
 FAULTS_ERRORS = [
     pytest.param(["--nproc", "1"], "--nproc must be at least 2", id="one-rank"),
@@ -39,16 +54,23 @@ FAULTS_ERRORS = [
 ]
 
 MALFORMED = [
-    pytest.param(["null-block", "--sizes", "4,x"],
-                 "expected world sizes as comma-separated positive ints", id="sizes"),
-    pytest.param(["null-block", "--sizes", "0"],
-                 "expected world sizes as comma-separated positive ints", id="size-0"),
-    pytest.param(["null-block", "--timeout", "0"], "expected a positive float, got 0",
-                 id="timeout"),
+    pytest.param(
+        ["null-block", "--sizes", "4,x"],
+        "expected world sizes as comma-separated positive ints",
+        id="sizes",
+    ),
+    pytest.param(
+        ["null-block", "--sizes", "0"],
+        "expected world sizes as comma-separated positive ints",
+        id="size-0",
+    ),
+    pytest.param(
+        ["null-block", "--timeout", "0"], "expected a positive float, got 0", id="timeout"
+    ),
     pytest.param(["null-block", "--steps", "x"], "expected a positive int, got 'x'", id="steps"),
     pytest.param(["faults", "--scenario", "bogus"], "invalid choice: 'bogus'", id="scenario"),
     pytest.param([], "the following arguments are required: ACTION", id="no-action"),
-]  # fmt: skip
+]
 
 
 @pytest.fixture(autouse=True)
