@@ -14,7 +14,7 @@ mappings) and, per CP group of the world, in lockstep:
    row append real-looking block ids (the ids of live blocks), gather, map
    slots and write KV, one batch inside a nested warm-up. The harness checks
    these steps as warm-up steps (every id 0, every slot in block 0), and the
-   drill's own checks (`WARMUP_CHECKS`) follow: live blocks unchanged, block
+   drill's own checks (`drill_report.WARMUP_CHECKS`) follow: live blocks unchanged, block
    0 zeroed, flag and pool restored, the redirect confined to its instance,
    appends after the warm-up staged as given;
 4. serves a second workload (`serve 2`) on the same instance and caches,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from harness_proc import child_env, leftover_processes, run_cli
@@ -49,6 +50,8 @@ def test_fault_scenarios_end_named_and_leave_nothing(tmp_path):
         f"({step}) failed after at most 4 s: never reached by rank 1"
         in outcomes["hang"]["observed"]
     )
+    waited = re.search(r", ([\d.]+) s after rank 1 hung", outcomes["hang"]["observed"])
+    assert waited and float(waited.group(1)) <= 4 + 5
     assert outcomes["mismatch"]["exit_codes"] == [1, 1]
     for name in ("cp_interleave", "seed"):
         assert f"field {name!r} differs between ranks" in outcomes["mismatch"]["observed"]
