@@ -79,35 +79,35 @@ def _no_torchrun_env(monkeypatch):
         monkeypatch.delenv(var, raising=False)
 
 
-def assert_nothing_happened(report) -> None:
-    assert not report.exists()
-    assert multiprocessing.active_children() == []
+@pytest.fixture
+def report(tmp_path):
+    """Where a run would write its report; after the test: none written, no process started."""
+    before = {p.pid for p in multiprocessing.active_children()}
+    path = tmp_path / "r.json"
+    yield path
+    assert not path.exists()
+    assert {p.pid for p in multiprocessing.active_children()} <= before
 
 
 @pytest.mark.parametrize(("args", "message"), NULL_BLOCK_ERRORS)
-def test_null_block_refuses_bad_input(args, message, capsys, tmp_path):
-    report = tmp_path / "r.json"
+def test_null_block_refuses_bad_input(args, message, capsys, report):
     assert cli.main(["drill", "null-block", *args, "--report", str(report)]) == 2
     err = capsys.readouterr().err
     assert f"cp-blocktables drill: error: {message}" in err and "Traceback" not in err
-    assert_nothing_happened(report)
 
 
 @pytest.mark.parametrize(("args", "message"), FAULTS_ERRORS)
-def test_faults_refuses_bad_input(args, message, capsys, tmp_path):
-    report = tmp_path / "r.json"
+def test_faults_refuses_bad_input(args, message, capsys, report):
     assert cli.main(["drill", "faults", *args, "--report", str(report)]) == 2
     assert message in capsys.readouterr().err
-    assert_nothing_happened(report)
 
 
 @pytest.mark.parametrize(("args", "message"), MALFORMED)
-def test_malformed_flags_are_usage_errors(args, message, capsys, tmp_path):
+def test_malformed_flags_are_usage_errors(args, message, capsys, report):
     with pytest.raises(SystemExit) as exc:
-        cli.main(["drill", *args])
+        cli.main(["drill", *args, "--report", str(report)] if args else ["drill"])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
-    assert_nothing_happened(tmp_path / "r.json")
 
 
 def test_malformed_torchrun_environment(monkeypatch, capsys):
