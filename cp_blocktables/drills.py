@@ -52,14 +52,13 @@ from .dist import Comm, PeerError, RankEnv, choose_backend, disarm_watchdog
 from .drill_report import DrillReport, describe_finding
 from .fault_drill import Fault
 from .impl_loader import ImplSpecError, load_impl
-from .serving import JUNK_UID, ServingState, block_id_range
+from .serving import JUNK_UID, WARMUP_UID_BASE, ServingState, block_id_range
 from .warmup import WarmupError, null_block_warmup
 from .workload import Append, Step, Workload
 
 DRILL_VERSION = "1"
 FLAG = "redirect_writes_to_null_block"
 
-_WARMUP_UID = 1 << 30
 _SEED_STRIDE = 1000
 
 
@@ -351,7 +350,7 @@ def warmup_steps(preset: presets.Preset, seed: int, recent_ids: list[list[int]])
     third = max(1, len(rows) // 3)
     batches = [rows, rows[:third], rows[third : 2 * third] or rows[:1]]
     window = any(w > 0 for w in cfg.sliding_window_reach)
-    steps, uid = [], _WARMUP_UID
+    steps, uid = [], WARMUP_UID_BASE
     for index, batch in enumerate(batches):
         per = max(1, min(8, cfg.max_num_batched_tokens // (len(batch) + 2)))
         entries, appends = [], []
@@ -633,7 +632,7 @@ class _Era:
         try:
             with null_block_warmup(impl, pool, st.kv_tensors()):
                 for i, row in enumerate(pool.free_rows()[:3]):
-                    pool.admit_warmup(_WARMUP_UID - 1 - i, row)
+                    pool.admit_warmup(WARMUP_UID_BASE + 1000 + i, row)
                     ids = tuple(
                         _pick_ids(self.preset, g, 1, self.seat.recent_ids, rng) for g in groups
                     )

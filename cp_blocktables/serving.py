@@ -36,6 +36,8 @@ _FIELD = (1 << 32) - 1
 _POSITION = (1 << _UID_SHIFT) - 1
 JUNK_UID = 0
 """Request id of tokens that belong to no request (dummy entries, padding); real ones start at 1."""
+WARMUP_UID_BASE = 1 << 30
+"""Warm-up requests get ids from here up; the workload's serving requests stay far below."""
 
 
 def kv_tag(rank: int, uids: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -55,7 +57,12 @@ def describe_tag(value: int) -> str:
     rank = (value >> _RANK_SHIFT) - 1
     uid = (value >> _UID_SHIFT) & _FIELD
     pos = value & _POSITION
-    who = "no request" if uid == JUNK_UID else f"request {uid}"
+    if uid == JUNK_UID:
+        who = "no request"
+    elif uid >= WARMUP_UID_BASE:
+        who = f"warm-up request {uid - WARMUP_UID_BASE}"
+    else:
+        who = f"request {uid}"
     return f"rank {rank}, {who}, position {pos}"
 
 

@@ -8,6 +8,7 @@ import pytest
 from cp_blocktables.contract import PAD_SLOT_ID
 from cp_blocktables.presets import PRESETS
 from cp_blocktables.serving import (
+    WARMUP_UID_BASE,
     KVCache,
     RequestPool,
     ServingState,
@@ -76,6 +77,9 @@ def test_tags_name_rank_request_and_position():
     assert describe_tag(int(tags[0])) == "rank 3, request 7, position 40"
     assert describe_tag(int(tags[1])) == "rank 3, no request, position 5"
     assert describe_tag(0) == "zero"
+    assert describe_tag(int(kv_tag(0, [WARMUP_UID_BASE + 4], [2])[0])) == (
+        "rank 0, warm-up request 4, position 2"
+    )
 
 
 @pytest.fixture
