@@ -10,9 +10,8 @@ from harness_proc import child_env, leftover_processes, run_cli
 
 from cp_blocktables.fault_drill import FAULT_STEP, SCENARIOS, _other_interleave
 
-pytestmark = pytest.mark.multirank
 
-
+@pytest.mark.multirank
 def test_fault_scenarios_end_named_and_leave_nothing(tmp_path):
     env = child_env()
     report = tmp_path / "faults.json"
