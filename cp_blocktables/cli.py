@@ -6,7 +6,8 @@ or configuration (a one-line message, no traceback).
 Subcommands live in `SUBCOMMANDS`: a name maps to a help line, a function
 that adds its arguments to its parser, and a function that runs it and
 returns the exit code. `bench` has its own registry of actions,
-`BENCH_ACTIONS` (`harness`, `kernels`, `plugin`), built the same way.
+`BENCH_ACTIONS` (`harness`, `kernels`, `plugin`), built the same way, and so
+has `drill` (`DRILL_ACTIONS`: `null-block`, `faults`).
 """
 
 from __future__ import annotations
@@ -279,6 +280,184 @@ def run_bench(args: argparse.Namespace) -> int:
     return args._bench(args)
 
 
+# ---------------------------------------------------------------- drill
+
+
+def _sizes(text: str) -> list[int]:
+    parts = text.split(",")
+    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected world sizes as comma-separated positive ints, e.g. 4,2,4; got {text!r}"
+        )
+    return [int(p) for p in parts]
+
+
+def _add_drill_null_block_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--impl",
+        action="append",
+        metavar="MODULE:ATTR",
+        help=f"implementation under test (repeatable; default {DEFAULT_IMPL})",
+    )
+    p.add_argument(
+        "--preset", action="append", metavar="NAME", help="preset (repeatable; default: default)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="workload seed")
+    p.add_argument(
+        "--world-size",
+        type=_positive(int),
+        default=None,
+        help="ranks to spawn when not under torchrun (default: the largest of --sizes, else 4)",
+    )
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help="world sizes to drill in turn, e.g. 4,2,4 (elastic resize; default: the world)",
+    )
+    p.add_argument("--steps", type=_positive(int), default=None, help="steps per serve phase")
+    p.add_argument("--cp-size", type=_positive(int), default=None, help="override the CP size")
+    p.add_argument(
+        "--cp-interleave", type=_positive(int), default=None, help="override the CP interleave"
+    )
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    p.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=120.0,
+        help="seconds a collective may wait for a peer (default 120)",
+    )
+    p.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="stop drilling an implementation after its first failing preset",
+    )
+    p.add_argument("--report", metavar="PATH", help="write every record as JSON")
+    p.add_argument("--quiet", action="store_true", help="print only the verdict")
+
+
+def drill_options(args: argparse.Namespace):
+    """`DrillOptions` from parsed arguments, checked for the world it will run in."""
+    from .dist import RankEnv
+    from .drills import DrillOptions, plan
+
+    try:
+        env = RankEnv.from_environ()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    world = args.world_size or (max(args.sizes) if args.sizes else 4)
+    opts = DrillOptions(
+        impls=args.impl or [DEFAULT_IMPL],
+        presets=args.preset or ["default"],
+        sizes=args.sizes or [],
+        seed=args.seed,
+        steps=args.steps,
+        cp_size=args.cp_size,
+        cp_interleave=args.cp_interleave,
+        backend=args.backend,
+        timeout=args.timeout,
+        fail_fast=args.fail_fast,
+        report_path=args.report,
+        quiet=args.quiet,
+        world_size=env.world_size if env else world,
+        spawned=env is None,
+    )
+    if opts.spawned and opts.backend == "nccl":
+        raise UsageError("--backend nccl needs torchrun (one process per GPU)")
+    if opts.spawned:
+        opts.backend = "gloo"
+    try:
+        plan(opts, opts.world_size)
+        for spec in opts.impls:
+            load_impl(spec)
+    except (ImplSpecError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    return opts
+
+
+def _drill_null_block(args: argparse.Namespace) -> int:
+    opts = drill_options(args)
+    from .dist import spawn_local
+    from .drills import run_drill_rank
+
+    if not opts.spawned:
+        return run_drill_rank(opts)
+    return spawn_local(opts.world_size, lambda: run_drill_rank(opts), opts.timeout)
+
+
+def _add_drill_faults_arguments(p: argparse.ArgumentParser) -> None:
+    from .fault_drill import SCENARIOS
+
+    p.add_argument("--nproc", type=_positive(int), default=2, help="ranks per run (default 2)")
+    p.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=10.0,
+        help="collective timeout of the runs, in seconds (default 10)",
+    )
+    p.add_argument(
+        "--scenario",
+        action="append",
+        choices=SCENARIOS,
+        help="scenario to run (repeatable; default: all)",
+    )
+    p.add_argument("--preset", default="cp2-i1", help="preset of the runs (default cp2-i1)")
+    p.add_argument("--steps", type=_positive(int), default=6, help="steps per serve phase")
+    p.add_argument("--keep-logs", metavar="DIR", help="keep torchrun's logs and error files here")
+    p.add_argument("--report", metavar="PATH", help="write the outcomes as JSON")
+
+
+def _drill_faults(args: argparse.Namespace) -> int:
+    from .fault_drill import FaultDrillOptions, run_fault_drill
+
+    if args.nproc < 2:
+        raise UsageError(
+            "--nproc must be at least 2: a fault needs a rank to fail and one to see it"
+        )
+    if args.preset not in presets.PRESETS:
+        raise UsageError(f"unknown preset {args.preset!r}; known: {', '.join(presets.PRESETS)}")
+    cp = presets.PRESETS[args.preset].cp_size
+    if args.nproc % cp:
+        raise UsageError(f"preset {args.preset} needs cp_size {cp}, which does not divide --nproc")
+    return run_fault_drill(
+        FaultDrillOptions(
+            nproc=args.nproc,
+            timeout=args.timeout,
+            scenarios=args.scenario or [],
+            preset=args.preset,
+            steps=args.steps,
+            keep_logs=args.keep_logs,
+            report_path=args.report,
+        )
+    )
+
+
+DRILL_ACTIONS: dict[str, Subcommand] = {
+    "null-block": Subcommand(
+        "the elastic-EP warm-up on live state: no live KV touched, every check before and after",
+        _add_drill_null_block_arguments,
+        _drill_null_block,
+    ),
+    "faults": Subcommand(
+        "ranks that raise, restart, hang or disagree under torchrun: ended, named, nothing left",
+        _add_drill_faults_arguments,
+        _drill_faults,
+    ),
+}
+
+
+def add_drill_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, action in DRILL_ACTIONS.items():
+        q = sub.add_parser(name, help=action.help, description=action.help)
+        action.add_arguments(q)
+        q.set_defaults(_action=action.run)
+
+
+def run_drill(args: argparse.Namespace) -> int:
+    return args._action(args)
+
+
 SUBCOMMANDS: dict[str, Subcommand] = {
     "verify": Subcommand(
         "check that the CP ranks together cover every token exactly once",
@@ -286,6 +465,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         run_verify,
     ),
     "bench": Subcommand("benchmarks: harness, kernels, plugin", add_bench_arguments, run_bench),
+    "drill": Subcommand(
+        "drills: the null-block warm-up on live state, and rank faults",
+        add_drill_arguments,
+        run_drill,
+    ),
 }
 
 

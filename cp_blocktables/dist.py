@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 _HEARTBEAT = "cpbt/heartbeat/"
+_FLAG = "cpbt/flag/"
 
 
 class PeerError(RuntimeError):
@@ -96,6 +97,7 @@ class Comm:
         self._groups: dict[int, tuple[object, object, list[int]]] = {}
         self._store = None
         self._objects = None  # gloo group of the world for objects when the backend is NCCL
+        self._owns_group = True
 
     # ------------------------------------------------------------ setup
 
@@ -103,9 +105,11 @@ class Comm:
         if self.backend == "nccl" or self._device == "cuda":
             torch.cuda.set_device(self.device)
         try:
+            store = _store_of_restart(self.env, self.timeout)
             dist.init_process_group(
                 self.backend,
-                init_method="env://",
+                init_method=None if store is not None else "env://",
+                store=store,
                 rank=self.rank,
                 world_size=self.world_size,
                 timeout=timedelta(seconds=self.timeout),
@@ -122,8 +126,21 @@ class Comm:
         if self.backend != "gloo":
             self._objects = dist.new_group(timeout=timedelta(seconds=self.timeout), backend="gloo")
 
+    def adopt(self) -> None:
+        """Use the default process group that someone else formed (a test plugin, an engine).
+
+        `close` then leaves it alone: its owner destroys it.
+        """
+        if not dist.is_initialized():
+            raise PeerError(f"rank {self.rank}: no process group to adopt")
+        self._owns_group = False
+        with contextlib.suppress(Exception):
+            self._store = dist.distributed_c10d._get_default_store()
+        if self.backend != "gloo":
+            self._objects = dist.new_group(timeout=timedelta(seconds=self.timeout), backend="gloo")
+
     def close(self) -> None:
-        if dist.is_initialized():
+        if dist.is_initialized() and self._owns_group:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
 
@@ -189,6 +206,40 @@ class Comm:
         self._collective(label, ranks, lambda: dist.gather(t, parts, dst=dst, group=group))
         return parts
 
+    def publish(self, key: str) -> None:
+        """Set `key` in the rendezvous store, with this rank's collective count as its value."""
+        if self._store is not None:
+            self._store.set(f"{_FLAG}{key}", str(self._seq))
+
+    def wait_for(self, key: str, watched: list[int], what: str) -> None:
+        """Block until a rank `publish`es `key`, while the `watched` ranks make progress.
+
+        Progress is a change in any watched rank's heartbeat; none for `timeout`
+        seconds raises `PeerError` naming where each watched rank was last seen.
+        Afterwards this rank's collective count is at least the publisher's, so
+        that heartbeats compare across ranks that sat out some collectives.
+        """
+        if self._store is None:
+            return
+        flag, seen, since = f"{_FLAG}{key}", None, time.monotonic()
+        while not self._store.check([flag]):
+            beats = [self._peer_heartbeat(r) for r in watched]
+            if beats != seen:
+                seen, since = beats, time.monotonic()
+            elif time.monotonic() - since > self.timeout:
+                where = ", ".join(
+                    f"rank {r} (last seen at collective #{s}: {w})"
+                    if s is not None
+                    else f"rank {r} (no heartbeat)"
+                    for r, (s, w) in zip(watched, beats)
+                )
+                raise PeerError(
+                    f"rank {self.rank}: waiting for {what}: no progress for "
+                    f"{self.timeout:.0f} s from {where}"
+                )
+            time.sleep(0.1)
+        self._seq = max(self._seq, int(self._store.get(flag).decode()))
+
     def _collective(self, label: str, ranks: list[int] | None, fn: Callable[[], object]) -> None:
         self._seq += 1
         self._beat(label)
@@ -228,6 +279,27 @@ class Comm:
             return int(seq), where
         except Exception:  # noqa: BLE001 - the store itself may be gone with its host
             return None, ""
+
+
+def _store_of_restart(env: RankEnv, timeout: float):
+    """A store of this torchrun attempt's own, when torchrun restarted the group; else None.
+
+    A restarted group joins the agent's store again, where the attempt before
+    left the addresses of its process groups' ranks under the same keys: gloo
+    would connect a new subgroup to dead ranks. A prefix per attempt keeps
+    each attempt's keys apart.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(
+        env.master_addr,
+        env.master_port,
+        env.world_size,
+        is_master=False,
+        timeout=timedelta(seconds=timeout),
+    )
+    return dist.PrefixStore(f"cpbt/attempt{attempt}/", store)
 
 
 def arm_watchdog(seconds: float) -> None:
