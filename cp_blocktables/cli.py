@@ -322,6 +322,12 @@ def _add_drill_null_block_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where each rank's implementation runs (auto: cuda under nccl, else cpu)",
+    )
+    p.add_argument(
         "--timeout",
         type=_positive(float),
         default=120.0,
@@ -345,6 +351,10 @@ def drill_options(args: argparse.Namespace):
         env = RankEnv.from_environ()
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.device == "cuda" and not _cuda_visible():
+        raise UsageError("--device cuda: no CUDA device is visible")
+    if args.device == "cpu" and args.backend == "nccl":
+        raise UsageError("--backend nccl needs --device cuda (or auto)")
     world = args.world_size or (max(args.sizes) if args.sizes else 4)
     opts = DrillOptions(
         impls=args.impl or [DEFAULT_IMPL],
@@ -355,6 +365,7 @@ def drill_options(args: argparse.Namespace):
         cp_size=args.cp_size,
         cp_interleave=args.cp_interleave,
         backend=args.backend,
+        device=args.device,
         timeout=args.timeout,
         fail_fast=args.fail_fast,
         report_path=args.report,

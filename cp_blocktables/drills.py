@@ -77,6 +77,7 @@ class DrillOptions:
     cp_size: int | None = None
     cp_interleave: int | None = None
     backend: str = "auto"
+    device: str = "auto"
     timeout: float = 120.0
     fail_fast: bool = False
     report_path: str | None = None
@@ -780,7 +781,8 @@ def run_drill_rank(opts: DrillOptions) -> int:
     if env is None:
         print("cp-blocktables: no torchrun environment (RANK, WORLD_SIZE)", file=sys.stderr)
         return 2
-    return _run(Comm(env, choose_backend(opts.backend, env), opts.timeout), opts, Comm.init)
+    comm = Comm(env, choose_backend(opts.backend, env), opts.timeout, opts.device)
+    return _run(comm, opts, Comm.init)
 
 
 def run_drill_in_process_group(opts: DrillOptions) -> int:
