@@ -94,6 +94,7 @@ class Comm:
         self.backend = backend
         self.timeout = timeout
         self._seq = 0
+        self.peer_lost = False  # a collective failed: tear nothing down that waits on peers
         self._groups: dict[int, tuple[object, object, list[int]]] = {}
         self._store = None
         self._objects = None  # gloo group of the world for objects when the backend is NCCL
@@ -140,7 +141,9 @@ class Comm:
             self._objects = dist.new_group(timeout=timedelta(seconds=self.timeout), backend="gloo")
 
     def close(self) -> None:
-        if dist.is_initialized() and self._owns_group:
+        """Destroy the process group, unless a peer was lost: then NCCL's destroy
+        can wait forever on the lost peer, and the process's exit frees it all."""
+        if dist.is_initialized() and self._owns_group and not self.peer_lost:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
 
@@ -246,6 +249,7 @@ class Comm:
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - gloo/nccl raise several types for a lost peer
+            self.peer_lost = True
             raise PeerError(self._explain(label, ranks, e)) from None
 
     def _beat(self, label: str) -> None:

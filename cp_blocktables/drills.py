@@ -188,6 +188,8 @@ class _EraComm:
         return any(self.all_gather_object(bool(flag), label))
 
     def destroy(self) -> None:
+        if self.comm.peer_lost:  # see Comm.close
+            return
         for g in self._created:
             if g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
                 dist.destroy_process_group(g)
