@@ -94,7 +94,7 @@ class Comm:
         self.backend = backend
         self.timeout = timeout
         self._seq = 0
-        self.peer_lost = False  # a collective failed: tear nothing down that waits on peers
+        self.peer_lost = False  # a collective failed: see teardown_safe
         self._groups: dict[int, tuple[object, object, list[int]]] = {}
         self._store = None
         self._objects = None  # gloo group of the world for objects when the backend is NCCL
@@ -141,11 +141,18 @@ class Comm:
             self._objects = dist.new_group(timeout=timedelta(seconds=self.timeout), backend="gloo")
 
     def close(self) -> None:
-        """Destroy the process group, unless a peer was lost: then NCCL's destroy
-        can wait forever on the lost peer, and the process's exit frees it all."""
-        if dist.is_initialized() and self._owns_group and not self.peer_lost:
+        """Destroy the process group, unless NCCL lost a peer (see `teardown_safe`)."""
+        if dist.is_initialized() and self._owns_group and self.teardown_safe:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
+
+    @property
+    def teardown_safe(self) -> bool:
+        """Whether destroying process groups cannot hang: after a lost peer NCCL's
+        destroy waits on it (seen on two H200s), so the process's exit frees them
+        instead. Gloo must still be destroyed: its groups abort the process at
+        exit while an operation with the lost peer is pending."""
+        return not (self.peer_lost and self.backend == "nccl")
 
     @property
     def device(self) -> torch.device:

@@ -188,7 +188,7 @@ class _EraComm:
         return any(self.all_gather_object(bool(flag), label))
 
     def destroy(self) -> None:
-        if self.comm.peer_lost:  # see Comm.close
+        if not self.comm.teardown_safe:
             return
         for g in self._created:
             if g is not None and g != dist.GroupMember.NON_GROUP_MEMBER:
