@@ -214,13 +214,28 @@ def _add_bench_harness_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="default", help="preset to run (default: default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-big", action="store_true", help="skip the 64K-tokens-per-step run")
+    p.add_argument("--huge", action="store_true", help="add a 1M-tokens-per-step run (GPUs)")
+    p.add_argument("--cp-size", type=_positive(int), default=None, help="as for verify")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
 
 
 def _bench_harness(args: argparse.Namespace) -> int:
-    from .harness_bench import bench_harness
+    from .harness_bench import HarnessBench, bench_harness
 
+    if args.device == "cuda" and not _cuda_visible():
+        raise UsageError("--device cuda: no CUDA device is visible")
     return bench_harness(
-        world_size=args.world_size, preset=args.preset, seed=args.seed, big=not args.no_big
+        HarnessBench(
+            world_size=args.world_size,
+            preset=args.preset,
+            seed=args.seed,
+            big=not args.no_big,
+            huge=args.huge,
+            cp_size=args.cp_size,
+            backend=args.backend,
+            device=args.device,
+        )
     )
 
 
