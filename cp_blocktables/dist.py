@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import itertools
 import multiprocessing
 import os
 import signal
@@ -292,16 +293,22 @@ class Comm:
             return None, ""
 
 
-def _store_of_restart(env: RankEnv, timeout: float):
-    """A store of this torchrun attempt's own, when torchrun restarted the group; else None.
+_formations = itertools.count()
 
-    A restarted group joins the agent's store again, where the attempt before
-    left the addresses of its process groups' ranks under the same keys: gloo
-    would connect a new subgroup to dead ranks. A prefix per attempt keeps
-    each attempt's keys apart.
+
+def _store_of_restart(env: RankEnv, timeout: float):
+    """A store of this process group's own when it is not the job's first; else None.
+
+    A group restarted by torchrun, or formed again in the same process (one
+    `bench harness` run per preset), joins the agent's store again, where the
+    group before left its ranks' addresses under the same keys: gloo would
+    connect to dead ranks. A prefix per torchrun attempt and per formation
+    keeps each group's keys apart. Every rank forms its groups in the same
+    order, so the prefixes agree.
     """
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
-    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    formation = next(_formations)
+    if (attempt, formation) == (0, 0) or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
     store = dist.TCPStore(
         env.master_addr,
@@ -310,7 +317,7 @@ def _store_of_restart(env: RankEnv, timeout: float):
         is_master=False,
         timeout=timedelta(seconds=timeout),
     )
-    return dist.PrefixStore(f"cpbt/attempt{attempt}/", store)
+    return dist.PrefixStore(f"cpbt/attempt{attempt}/group{formation}/", store)
 
 
 def arm_watchdog(seconds: float) -> None:

@@ -57,3 +57,30 @@ def test_two_torchrun_agents_as_two_nodes(tmp_path):
     data = json.loads(report.read_text())
     assert data["world_size"] == 4 and len(data["ranks"]) == 4
     assert leftover_processes(env["CP_BLOCKTABLES_TEST_MARKER"]) == []
+
+
+SECOND_GROUP = """
+import os, time
+from cp_blocktables.runner import VerifyOptions, run_rank
+opts = VerifyOptions(impls=["cp_blocktables:BlockTables"], presets=["cp2-i1"], steps=2,
+                     quiet=True, progress=False, timeout=20)
+first = run_rank(opts)
+if os.environ["RANK"] == "0":
+    time.sleep(3)  # rank 1 reaches the second group first, as after a leader's report
+raise SystemExit(max(first, run_rank(opts)))
+"""
+
+
+def test_second_process_group_in_one_torchrun_job(tmp_path):
+    """A job that forms its group twice (bench harness, one run per preset) must not
+    meet the first group's addresses in the agent's store."""
+    script = tmp_path / "twice.py"
+    script.write_text(SECOND_GROUP)
+    env = child_env()
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(script)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("PASS") == 2
+    assert leftover_processes(env["CP_BLOCKTABLES_TEST_MARKER"]) == []
