@@ -283,16 +283,21 @@ BENCH_ACTIONS: dict[str, Subcommand] = {
 }
 
 
-def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    for name, action in BENCH_ACTIONS.items():
-        q = sub.add_parser(name, help=action.help, description=action.help)
-        action.add_arguments(q)
-        q.set_defaults(_bench=action.run)
+def _actions_parser(actions: dict[str, Subcommand]) -> Callable[[argparse.ArgumentParser], None]:
+    """Adds one sub-parser per action of a subcommand (`bench`, `drill`)."""
+
+    def add(p: argparse.ArgumentParser) -> None:
+        sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+        for name, action in actions.items():
+            q = sub.add_parser(name, help=action.help, description=action.help)
+            action.add_arguments(q)
+            q.set_defaults(_action=action.run)
+
+    return add
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    return args._bench(args)
+def _run_action(args: argparse.Namespace) -> int:
+    return args._action(args)
 
 
 # ---------------------------------------------------------------- drill
@@ -472,29 +477,19 @@ DRILL_ACTIONS: dict[str, Subcommand] = {
 }
 
 
-def add_drill_arguments(p: argparse.ArgumentParser) -> None:
-    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    for name, action in DRILL_ACTIONS.items():
-        q = sub.add_parser(name, help=action.help, description=action.help)
-        action.add_arguments(q)
-        q.set_defaults(_action=action.run)
-
-
-def run_drill(args: argparse.Namespace) -> int:
-    return args._action(args)
-
-
 SUBCOMMANDS: dict[str, Subcommand] = {
     "verify": Subcommand(
         "check that the CP ranks together cover every token exactly once",
         add_verify_arguments,
         run_verify,
     ),
-    "bench": Subcommand("benchmarks: harness, kernels, plugin", add_bench_arguments, run_bench),
+    "bench": Subcommand(
+        "benchmarks: harness, kernels, plugin", _actions_parser(BENCH_ACTIONS), _run_action
+    ),
     "drill": Subcommand(
         "drills: the null-block warm-up on live state, and rank faults",
-        add_drill_arguments,
-        run_drill,
+        _actions_parser(DRILL_ACTIONS),
+        _run_action,
     ),
 }
 
