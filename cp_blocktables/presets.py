@@ -364,24 +364,15 @@ _register(
 )
 
 _register(
-    Preset(
+    dataclasses.replace(
+        PRESETS["bench-64k"],
         name="bench-1m",
         description="cp 4: steps of about 1M tokens (benchmark, not in the sweep; for GPUs)",
-        groups=(GroupSpec(16), GroupSpec(64, sharded=False)),
-        cp_size=4,
-        cp_interleave=4,
         num_steps=3,
-        max_num_reqs=48,
         max_num_batched_tokens=1 << 20,
         max_model_len=1 << 21,
-        max_batch_reqs=40,
         max_prefill_chunk=1 << 17,
         max_prompt_len=1 << 20,
-        max_decode_len=8,
-        prefix_prob=0.0,
-        dummy_req_prob=0.0,
-        dummy_run_prob=0.0,
-        fill_batches=True,
     )
 )
 
