@@ -83,25 +83,7 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="steps per preset instead of the preset's own count",
     )
-    p.add_argument(
-        "--backend",
-        choices=("auto", "gloo", "nccl"),
-        default="auto",
-        help="collective backend (auto: nccl when every rank has a GPU, else gloo)",
-    )
-    p.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="where each rank's implementation runs (auto: cuda under nccl, else cpu; "
-        "cuda with gloo lets several ranks share a GPU)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=_positive(float),
-        default=120.0,
-        help="seconds a collective may wait for a peer (default 120)",
-    )
+    _add_world_arguments(p)
     p.add_argument(
         "--keep-going", action="store_true", help="run every step even after a violation"
     )
@@ -123,6 +105,63 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--list-presets", action="store_true", help="list presets and exit")
 
 
+def _add_world_arguments(p: argparse.ArgumentParser) -> None:
+    """--backend, --device and --timeout, shared by `verify` and `drill null-block`."""
+    p.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="collective backend (auto: nccl when every rank has a GPU, else gloo)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where each rank's implementation runs (auto: cuda under nccl, else cpu; "
+        "cuda with gloo lets several ranks share a GPU)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive(float),
+        default=120.0,
+        help="seconds a collective may wait for a peer (default 120)",
+    )
+
+
+def _rank_env(args: argparse.Namespace):
+    """The torchrun environment (None when the ranks are to be spawned), after
+    checking --device and --backend against the machine."""
+    from .dist import RankEnv
+
+    try:
+        env = RankEnv.from_environ()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.device == "cuda" and not _cuda_visible():
+        raise UsageError("--device cuda: no CUDA device is visible")
+    if args.device == "cpu" and args.backend == "nccl":
+        raise UsageError("--backend nccl needs --device cuda (or auto)")
+    return env
+
+
+def _check_plan(opts, plan: Callable) -> None:
+    """Refuse what cannot run before any rank starts: NCCL without torchrun, unknown
+    presets or implementations. A local spawn talks gloo."""
+    if opts.spawned and opts.backend == "nccl":
+        raise UsageError(
+            "--backend nccl needs torchrun (one process per GPU); a local spawn "
+            "runs on CPU with gloo"
+        )
+    if opts.spawned:
+        opts.backend = "gloo"
+    try:
+        plan(opts, opts.world_size)
+        for spec in opts.impls:
+            load_impl(spec)
+    except (ImplSpecError, ValueError) as e:
+        raise UsageError(str(e)) from None
+
+
 def _cuda_visible() -> bool:
     """Whether a GPU is visible, asked through NVML: initialising CUDA here would
     break the ranks the local spawner forks from this process."""
@@ -136,17 +175,9 @@ def _cuda_visible() -> bool:
 
 def verify_options(args: argparse.Namespace):
     """`VerifyOptions` from parsed arguments, checked for the world it will run in."""
-    from .dist import RankEnv
     from .runner import VerifyOptions, plan
 
-    try:
-        env = RankEnv.from_environ()
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if args.device == "cuda" and not _cuda_visible():
-        raise UsageError("--device cuda: no CUDA device is visible")
-    if args.device == "cpu" and args.backend == "nccl":
-        raise UsageError("--backend nccl needs --device cuda (or auto)")
+    env = _rank_env(args)
     opts = VerifyOptions(
         impls=args.impl or [DEFAULT_IMPL],
         presets=args.preset or ["sweep"],
@@ -166,19 +197,7 @@ def verify_options(args: argparse.Namespace):
         world_size=env.world_size if env else args.world_size,
         spawned=env is None,
     )
-    if opts.spawned and opts.backend == "nccl":
-        raise UsageError(
-            "--backend nccl needs torchrun (one process per GPU); a local spawn "
-            "runs on CPU with gloo"
-        )
-    if opts.spawned:
-        opts.backend = "gloo"
-    try:
-        plan(opts, opts.world_size)
-        for spec in opts.impls:
-            load_impl(spec)
-    except (ImplSpecError, ValueError) as e:
-        raise UsageError(str(e)) from None
+    _check_plan(opts, plan)
     if opts.plot_path:
         try:
             import matplotlib  # noqa: F401
@@ -340,19 +359,7 @@ def _add_drill_null_block_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cp-interleave", type=_positive(int), default=None, help="override the CP interleave"
     )
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
-    p.add_argument(
-        "--device",
-        choices=("auto", "cpu", "cuda"),
-        default="auto",
-        help="where each rank's implementation runs (auto: cuda under nccl, else cpu)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=_positive(float),
-        default=120.0,
-        help="seconds a collective may wait for a peer (default 120)",
-    )
+    _add_world_arguments(p)
     p.add_argument(
         "--fail-fast",
         action="store_true",
@@ -364,17 +371,9 @@ def _add_drill_null_block_arguments(p: argparse.ArgumentParser) -> None:
 
 def drill_options(args: argparse.Namespace):
     """`DrillOptions` from parsed arguments, checked for the world it will run in."""
-    from .dist import RankEnv
     from .drills import DrillOptions, plan
 
-    try:
-        env = RankEnv.from_environ()
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    if args.device == "cuda" and not _cuda_visible():
-        raise UsageError("--device cuda: no CUDA device is visible")
-    if args.device == "cpu" and args.backend == "nccl":
-        raise UsageError("--backend nccl needs --device cuda (or auto)")
+    env = _rank_env(args)
     world = args.world_size or (max(args.sizes) if args.sizes else 4)
     opts = DrillOptions(
         impls=args.impl or [DEFAULT_IMPL],
@@ -393,16 +392,7 @@ def drill_options(args: argparse.Namespace):
         world_size=env.world_size if env else world,
         spawned=env is None,
     )
-    if opts.spawned and opts.backend == "nccl":
-        raise UsageError("--backend nccl needs torchrun (one process per GPU)")
-    if opts.spawned:
-        opts.backend = "gloo"
-    try:
-        plan(opts, opts.world_size)
-        for spec in opts.impls:
-            load_impl(spec)
-    except (ImplSpecError, ValueError) as e:
-        raise UsageError(str(e)) from None
+    _check_plan(opts, plan)
     return opts
 
 
