@@ -270,13 +270,19 @@ class BlockTables:
         return tuple(t[:num_reqs_padded] for t in dst)
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
-        """Zero persistent rows that may hold ids; returns `[:num_reqs]` views of them."""
+        """Zero persistent rows that may hold ids; returns `[:num_reqs]` views of them.
+
+        The returned rows count as written (SPEC section 3): a profiling pass may
+        fill them, and the next gather into the persistent tables zeroes them.
+        """
         if not 0 <= num_reqs <= self.max_num_reqs:
             raise ValueError(f"num_reqs must lie in [0, {self.max_num_reqs}], got {num_reqs}")
         rows = max(num_reqs, self._input_rows_written)
         for t in self.input_block_tables:
             t[:rows].zero_()
-        self._input_rows_written = 0
+        # The views handed out may be filled by a profiling run: they count as
+        # written, so the next gather into the persistent tables clears them.
+        self._input_rows_written = num_reqs
         return tuple(t[:num_reqs] for t in self.input_block_tables)
 
     # ------------------------------------------------------------ slot mappings
