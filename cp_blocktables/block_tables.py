@@ -104,6 +104,7 @@ class BlockTables:
         self.num_kv_cache_groups = cfg.num_kv_cache_groups
         self.slot_mapping_enabled = cfg.slot_mapping_enabled
         self.sliding_window_reach = cfg.effective_sliding_window_reach()
+        self._any_reach = any(self.sliding_window_reach)
         num_groups = self.num_kv_cache_groups
         # Kernel blocks per allocator block, and the row capacity in kernel blocks.
         self._kernel_factors = [cfg.kernel_blocks_per_block(g) for g in range(num_groups)]
@@ -256,16 +257,7 @@ class BlockTables:
         `[num_reqs, num_rows)` become zero. `num_rows` is `num_reqs_padded`, or
         for the persistent tables at least the rows the previous gather wrote.
         """
-        num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
-        if not num_reqs <= num_reqs_padded <= self.max_num_reqs:
-            raise ValueError(
-                f"num_reqs_padded must lie in [num_reqs={num_reqs}, "
-                f"max_num_reqs={self.max_num_reqs}], got {num_reqs_padded}"
-            )
-        if num_computed_tokens is not None:
-            self._check_index_tensor(
-                "num_computed_tokens", num_computed_tokens, min_len=self.max_num_reqs
-            )
+        self._check_gather(idx_mapping, num_reqs_padded, num_computed_tokens)
         if self._validating():
             self._check_rows(idx_mapping)
         if out is None and out_ptrs is not None:
@@ -273,8 +265,7 @@ class BlockTables:
         if out is None:
             dst = self.input_block_tables
             dst_ptrs, dst_strides = self.input_block_table_ptrs, self.input_block_table_strides
-            num_rows = max(num_reqs_padded, self._input_rows_written)
-            self._input_rows_written = num_reqs_padded
+            num_rows = self._claim_input_rows(num_reqs_padded)
         else:
             dst = self._check_out_tables(out, num_reqs_padded)
             dst_ptrs = (
@@ -285,21 +276,9 @@ class BlockTables:
             dst_strides = self._device_tensor([t.stride(0) for t in dst], torch.int64)
             num_rows = num_reqs_padded
         if self.num_kv_cache_groups:
-            mask = num_computed_tokens is not None and any(self.sliding_window_reach)
             kernels.gather_block_tables(
-                idx_mapping,
-                num_rows,
-                self.max_num_reqs,
-                self.block_table_ptrs,
-                self.block_table_strides,
-                dst_ptrs,
-                dst_strides,
-                self.block_table_widths,
-                self._max_width,
-                self.num_blocks.gpu,
-                self.kernel_block_sizes_tensor,
-                self.sliding_window_reach_tensor,
-                num_computed_tokens if mask else None,
+                *self._gather_args(idx_mapping, num_rows, dst_ptrs, dst_strides),
+                self._window_mask(num_computed_tokens),
             )
         return tuple(t[:num_reqs_padded] for t in dst)
 
@@ -319,6 +298,41 @@ class BlockTables:
         self._input_rows_written = num_reqs
         return tuple(t[:num_reqs] for t in self.input_block_tables)
 
+    def _claim_input_rows(self, num_reqs_padded: int) -> int:
+        """Rows a gather into the persistent tables must write; records what it leaves."""
+        num_rows = max(num_reqs_padded, self._input_rows_written)
+        self._input_rows_written = num_reqs_padded
+        return num_rows
+
+    def _window_mask(self, num_computed_tokens: torch.Tensor | None) -> torch.Tensor | None:
+        """`num_computed_tokens` when some group masks its sliding window, else `None`."""
+        if num_computed_tokens is not None and self._any_reach:
+            return num_computed_tokens
+        return None
+
+    def _gather_args(
+        self,
+        idx_mapping: torch.Tensor,
+        num_rows: int,
+        dst_ptrs: torch.Tensor,
+        dst_strides: torch.Tensor,
+    ) -> tuple:
+        """Arguments of `kernels.gather_block_tables` up to `num_computed_tokens`."""
+        return (
+            idx_mapping,
+            num_rows,
+            self.max_num_reqs,
+            self.block_table_ptrs,
+            self.block_table_strides,
+            dst_ptrs,
+            dst_strides,
+            self.block_table_widths,
+            self._max_width,
+            self.num_blocks.gpu,
+            self.kernel_block_sizes_tensor,
+            self.sliding_window_reach_tensor,
+        )
+
     # ------------------------------------------------------------ slot mappings
 
     def compute_slot_mappings(
@@ -334,15 +348,7 @@ class BlockTables:
         Fills the whole output buffer in one launch (tokens past
         `qsl[num_reqs]` become `PAD_SLOT_ID`) and returns `[:, :num_tokens_padded]`.
         """
-        num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
-        self._check_index_tensor("query_start_loc", query_start_loc, exact_len=num_reqs + 1)
-        self._check_index_tensor("positions", positions)
-        buf = self.slot_mappings if out is None else self._check_out_slots(out)
-        if not 0 <= num_tokens_padded <= buf.shape[1]:
-            raise ValueError(
-                f"num_tokens_padded must lie in [0, {buf.shape[1]}] (the output "
-                f"buffer's length), got {num_tokens_padded}"
-            )
+        buf = self._check_slots(idx_mapping, query_start_loc, positions, num_tokens_padded, out)
         if self._validating():
             self._check_rows(idx_mapping)
             self._check_tokens(idx_mapping, query_start_loc, positions, num_tokens_padded)
@@ -358,6 +364,48 @@ class BlockTables:
         )
         return buf[:, :num_tokens_padded]
 
+    # ------------------------------------------------------------ both reads
+
+    def gather_and_compute_slot_mappings(
+        self,
+        idx_mapping: torch.Tensor,
+        num_reqs_padded: int,
+        query_start_loc: torch.Tensor,
+        positions: torch.Tensor,
+        num_tokens_padded: int,
+        num_computed_tokens: torch.Tensor | None = None,
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """`gather_block_tables` then `compute_slot_mappings` on the persistent buffers, one launch.
+
+        Same checks, effects and results as the two calls (SPEC.md 8.2): every
+        check runs before the launch, so a refused call changes nothing.
+        Returns `(tables, slot_mappings)` as the two methods would.
+        """
+        self._check_gather(idx_mapping, num_reqs_padded, num_computed_tokens)
+        buf = self._check_slots(idx_mapping, query_start_loc, positions, num_tokens_padded, None)
+        if self._validating():
+            self._check_rows(idx_mapping)
+            self._check_tokens(idx_mapping, query_start_loc, positions, num_tokens_padded)
+        num_rows = self._claim_input_rows(num_reqs_padded)
+        if self.num_kv_cache_groups:
+            kernels.gather_and_compute_slot_mappings(
+                *self._gather_args(
+                    idx_mapping,
+                    num_rows,
+                    self.input_block_table_ptrs,
+                    self.input_block_table_strides,
+                ),
+                self._window_mask(num_computed_tokens),
+                query_start_loc,
+                positions,
+                self._layout,
+                self.cp_rank,
+                self.cp_interleave,
+                buf,
+            )
+        tables = tuple(t[:num_reqs_padded] for t in self.input_block_tables)
+        return tables, buf[:, :num_tokens_padded]
+
     def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
         """Fill the persistent buffer with `PAD_SLOT_ID`; returns `[:, :num_tokens]`."""
         if not 0 <= num_tokens <= self.max_num_batched_tokens:
@@ -368,6 +416,43 @@ class BlockTables:
         return self.slot_mappings[:, :num_tokens]
 
     # ------------------------------------------------------------ input checks
+
+    def _check_gather(
+        self,
+        idx_mapping: torch.Tensor,
+        num_reqs_padded: int,
+        num_computed_tokens: torch.Tensor | None,
+    ) -> None:
+        num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
+        if not num_reqs <= num_reqs_padded <= self.max_num_reqs:
+            raise ValueError(
+                f"num_reqs_padded must lie in [num_reqs={num_reqs}, "
+                f"max_num_reqs={self.max_num_reqs}], got {num_reqs_padded}"
+            )
+        if num_computed_tokens is not None:
+            self._check_index_tensor(
+                "num_computed_tokens", num_computed_tokens, min_len=self.max_num_reqs
+            )
+
+    def _check_slots(
+        self,
+        idx_mapping: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        positions: torch.Tensor,
+        num_tokens_padded: int,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Shapes of a slot mapping's inputs; returns the buffer it writes."""
+        num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
+        self._check_index_tensor("query_start_loc", query_start_loc, exact_len=num_reqs + 1)
+        self._check_index_tensor("positions", positions)
+        buf = self.slot_mappings if out is None else self._check_out_slots(out)
+        if not 0 <= num_tokens_padded <= buf.shape[1]:
+            raise ValueError(
+                f"num_tokens_padded must lie in [0, {buf.shape[1]}] (the output "
+                f"buffer's length), got {num_tokens_padded}"
+            )
+        return buf
 
     def _validating(self) -> bool:
         if self.validate_inputs is None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
-from ._jit import dual_jit
+from ._jit import dual_device_fn, dual_jit
 from .contract import PAD_SLOT_ID
 
 
@@ -201,8 +201,10 @@ def _launch_apply(
 # ---------------------------------------------------------------- gather
 
 
-@dual_jit
-def _gather_block_tables_kernel(
+@dual_device_fn
+def _gather_rows(
+    row_block,  # which ROWS destination rows this program fills
+    g,  # the group
     idx_mapping,  # [num_reqs] row of each batch entry, -1 for a dummy
     num_reqs,
     num_rows,  # rows [0, num_rows) of the destination are written
@@ -214,7 +216,7 @@ def _gather_block_tables_kernel(
     widths,  # int32 [num_groups] columns of each table
     num_blocks,  # int32 [num_groups, max_num_reqs]
     num_blocks_stride,
-    block_sizes,  # int64 [num_groups]
+    block_sizes,  # int64 [num_groups] kernel block sizes (the tables' unit)
     reaches,  # int64 [num_groups] sliding-window reach, 0 = no masking
     num_computed_tokens,  # [max_num_reqs] (MASK_WINDOW only)
     MAX_WIDTH: tl.constexpr,  # columns of the widest table
@@ -222,8 +224,8 @@ def _gather_block_tables_kernel(
     ROWS: tl.constexpr,
     COLS: tl.constexpr,
 ):
-    g = tl.program_id(1)
-    b = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [ROWS] batch rows
+    """Fill destination rows `[row_block * ROWS, +ROWS)` of group `g`, COLS columns at a time."""
+    b = row_block * ROWS + tl.arange(0, ROWS)  # [ROWS] batch rows
     in_batch = b < num_reqs
     r = tl.load(idx_mapping + b, mask=in_batch, other=-1).to(tl.int64)
     real = in_batch & (r >= 0) & (r < max_num_reqs)
@@ -252,6 +254,92 @@ def _gather_block_tables_kernel(
         tl.store(dst + b[:, None].to(tl.int64) * dst_stride + cols[None, :], v, mask=m)
 
 
+@dual_jit
+def _gather_block_tables_kernel(
+    idx_mapping,
+    num_reqs,
+    num_rows,
+    max_num_reqs,
+    src_ptrs,
+    src_strides,
+    dst_ptrs,
+    dst_strides,
+    widths,
+    num_blocks,
+    num_blocks_stride,
+    block_sizes,
+    reaches,
+    num_computed_tokens,
+    MAX_WIDTH: tl.constexpr,
+    MASK_WINDOW: tl.constexpr,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+):
+    _gather_rows(
+        tl.program_id(0),
+        tl.program_id(1),
+        idx_mapping,
+        num_reqs,
+        num_rows,
+        max_num_reqs,
+        src_ptrs,
+        src_strides,
+        dst_ptrs,
+        dst_strides,
+        widths,
+        num_blocks,
+        num_blocks_stride,
+        block_sizes,
+        reaches,
+        num_computed_tokens,
+        MAX_WIDTH,
+        MASK_WINDOW,
+        ROWS,
+        COLS,
+    )
+
+
+def _gather_launch(
+    idx_mapping: torch.Tensor,
+    num_rows: int,
+    max_num_reqs: int,
+    src_ptrs: torch.Tensor,
+    src_strides: torch.Tensor,
+    dst_ptrs: torch.Tensor,
+    dst_strides: torch.Tensor,
+    widths: torch.Tensor,
+    max_width: int,
+    num_blocks: torch.Tensor,
+    block_sizes: torch.Tensor,
+    reaches: torch.Tensor,
+    num_computed_tokens: torch.Tensor | None,
+) -> tuple[tuple[int, int], tuple, dict]:
+    """`(grid, args, constexprs)` of a gather: grid `(row blocks, num_groups)`."""
+    num_groups = src_ptrs.shape[0]
+    budget, max_cols = (16384, 4096) if _on_cpu(idx_mapping.device) else (2048, 512)
+    cols = min(next_power_of_2(max_width), max_cols)
+    rows = max(1, budget // cols)
+    mask_window = num_computed_tokens is not None
+    args = (
+        idx_mapping,
+        idx_mapping.shape[0],
+        num_rows,
+        max_num_reqs,
+        src_ptrs,
+        src_strides,
+        dst_ptrs,
+        dst_strides,
+        widths,
+        num_blocks,
+        num_blocks.stride(0),
+        block_sizes,
+        reaches,
+        num_computed_tokens if mask_window else idx_mapping,
+    )
+    meta = dict(MAX_WIDTH=max_width, MASK_WINDOW=mask_window, ROWS=rows, COLS=cols)
+    return (_cdiv(num_rows, rows), num_groups), args, meta
+
+
 def gather_block_tables(
     idx_mapping: torch.Tensor,
     num_rows: int,
@@ -271,21 +359,11 @@ def gather_block_tables(
 
     Rows of dummy entries and rows `[num_reqs, num_rows)` become zero over the
     table's width. With `num_computed_tokens`, entries wholly below a group's
-    sliding window become the null block.
+    sliding window become the null block (`block_sizes` are the tables' unit:
+    kernel block sizes).
     """
-    device = idx_mapping.device
-    num_groups = src_ptrs.shape[0]
-    budget, max_cols = (16384, 4096) if _on_cpu(device) else (2048, 512)
-    cols = min(next_power_of_2(max_width), max_cols)
-    rows = max(1, budget // cols)
-    mask_window = num_computed_tokens is not None
-    # grid: (cdiv(num_rows, ROWS), num_groups); one program fills ROWS
-    # destination rows of one group, COLS columns at a time.
-    _gather_block_tables_kernel.launch(
-        device,
-        (_cdiv(num_rows, rows), num_groups),
+    grid, args, meta = _gather_launch(
         idx_mapping,
-        idx_mapping.shape[0],
         num_rows,
         max_num_reqs,
         src_ptrs,
@@ -293,23 +371,23 @@ def gather_block_tables(
         dst_ptrs,
         dst_strides,
         widths,
+        max_width,
         num_blocks,
-        num_blocks.stride(0),
         block_sizes,
         reaches,
-        num_computed_tokens if mask_window else idx_mapping,
-        MAX_WIDTH=max_width,
-        MASK_WINDOW=mask_window,
-        ROWS=rows,
-        COLS=cols,
+        num_computed_tokens,
     )
+    # grid: (cdiv(num_rows, ROWS), num_groups); one program fills ROWS
+    # destination rows of one group, COLS columns at a time.
+    _gather_block_tables_kernel.launch(idx_mapping.device, grid, *args, **meta)
 
 
 # ---------------------------------------------------------------- slot mappings
 
 
-@dual_jit
-def _compute_slot_mappings_kernel(
+@dual_device_fn
+def _map_slots(
+    tile_index,  # which TILE tokens of the output buffer this program maps
     idx_mapping,  # [num_reqs]
     num_reqs,
     max_num_reqs,
@@ -317,7 +395,7 @@ def _compute_slot_mappings_kernel(
     positions,  # [num_positions]
     num_positions,
     table_ptrs,  # uint64 [num_groups] persistent block tables
-    group_params,  # int64 [num_groups, GROUP_PARAMS], see GroupLayout
+    group_params,  # int64 [num_groups, 6], see GroupLayout
     cp_rank,
     cp_interleave,
     interleave_shift,
@@ -331,7 +409,8 @@ def _compute_slot_mappings_kernel(
     PAD_ID: tl.constexpr,
     TILE: tl.constexpr,
 ):
-    t0 = tl.program_id(0) * TILE
+    """Write tokens `[tile_index * TILE, +TILE)` of `out` for every group."""
+    t0 = tile_index * TILE
     t = t0 + tl.arange(0, TILE)  # [TILE] token index
     # Batch entry of the tile's first and last token, by scalar binary search:
     # the entry b with qsl[b] <= t < qsl[b + 1], or num_reqs past the batch.
@@ -401,6 +480,96 @@ def _compute_slot_mappings_kernel(
         tl.store(out + g * out_stride + t, slot, mask=t < out_len)
 
 
+@dual_jit
+def _compute_slot_mappings_kernel(
+    idx_mapping,
+    num_reqs,
+    max_num_reqs,
+    query_start_loc,
+    positions,
+    num_positions,
+    table_ptrs,
+    group_params,
+    cp_rank,
+    cp_interleave,
+    interleave_shift,
+    out,
+    out_stride,
+    out_len,
+    NUM_GROUPS: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    POS32: tl.constexpr,
+    POW2: tl.constexpr,
+    PAD_ID: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    _map_slots(
+        tl.program_id(0),
+        idx_mapping,
+        num_reqs,
+        max_num_reqs,
+        query_start_loc,
+        positions,
+        num_positions,
+        table_ptrs,
+        group_params,
+        cp_rank,
+        cp_interleave,
+        interleave_shift,
+        out,
+        out_stride,
+        out_len,
+        NUM_GROUPS,
+        SEARCH_STEPS,
+        POS32,
+        POW2,
+        PAD_ID,
+        TILE,
+    )
+
+
+def _slots_launch(
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    max_num_reqs: int,
+    layout: GroupLayout,
+    cp_rank: int,
+    cp_interleave: int,
+    out: torch.Tensor,
+) -> tuple[int, tuple, dict]:
+    """`(programs, args, constexprs)` of a slot mapping: one program per TILE tokens."""
+    num_groups, out_len = out.shape
+    tile, warps = _slot_mapping_tile(out.device, out_len)
+    pow2 = layout.pow2 and _is_pow2(cp_interleave)
+    args = (
+        idx_mapping,
+        idx_mapping.shape[0],
+        max_num_reqs,
+        query_start_loc,
+        positions,
+        positions.shape[0],
+        layout.table_ptrs,
+        layout.params,
+        cp_rank,
+        cp_interleave,
+        cp_interleave.bit_length() - 1,
+        out,
+        out.stride(0),
+        out_len,
+    )
+    meta = dict(
+        NUM_GROUPS=num_groups,
+        SEARCH_STEPS=_search_steps(max_num_reqs),
+        POS32=layout.max_span < 2**31,
+        POW2=pow2,
+        PAD_ID=PAD_SLOT_ID,
+        TILE=tile,
+        num_warps=warps,
+    )
+    return (_cdiv(out_len, tile) if num_groups else 0), args, meta
+
+
 def compute_slot_mappings(
     idx_mapping: torch.Tensor,
     query_start_loc: torch.Tensor,
@@ -417,36 +586,170 @@ def compute_slot_mappings(
     positions, and in shifts and masks when every size is a power of two:
     int64 division is emulated on GPUs and dominated the kernel's time.
     """
-    device = out.device
-    num_groups, out_len = out.shape
-    tile, warps = _slot_mapping_tile(device, out_len)
-    pow2 = layout.pow2 and _is_pow2(cp_interleave)
+    programs, args, meta = _slots_launch(
+        idx_mapping, query_start_loc, positions, max_num_reqs, layout, cp_rank, cp_interleave, out
+    )
     # grid: (cdiv(out_len, TILE),); one program maps TILE tokens of the buffer
     # for every group, finding each token's batch entry by binary search.
-    _compute_slot_mappings_kernel.launch(
-        device,
-        (_cdiv(out_len, tile),) if num_groups else (0,),
+    _compute_slot_mappings_kernel.launch(out.device, (programs,), *args, **meta)
+
+
+# ---------------------------------------------------------------- both reads, one launch
+
+
+@dual_jit
+def _gather_and_slot_mappings_kernel(
+    # the gather's arguments (see _gather_rows)
+    idx_mapping,
+    num_reqs,
+    num_rows,
+    max_num_reqs,
+    src_ptrs,
+    src_strides,
+    dst_ptrs,
+    dst_strides,
+    widths,
+    num_blocks,
+    num_blocks_stride,
+    block_sizes,
+    reaches,
+    num_computed_tokens,
+    # the slot mapping's arguments (see _map_slots); idx_mapping, num_reqs and
+    # max_num_reqs are the gather's
+    s_idx_mapping,
+    s_num_reqs,
+    s_max_num_reqs,
+    query_start_loc,
+    positions,
+    num_positions,
+    table_ptrs,
+    group_params,
+    cp_rank,
+    cp_interleave,
+    interleave_shift,
+    out,
+    out_stride,
+    out_len,
+    gather_programs,  # programs [0, gather_programs) gather, the rest map slots
+    MAX_WIDTH: tl.constexpr,
+    MASK_WINDOW: tl.constexpr,
+    ROWS: tl.constexpr,
+    COLS: tl.constexpr,
+    NUM_GROUPS: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    POS32: tl.constexpr,
+    POW2: tl.constexpr,
+    PAD_ID: tl.constexpr,
+    TILE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < gather_programs:
+        _gather_rows(
+            pid // NUM_GROUPS,
+            pid % NUM_GROUPS,
+            idx_mapping,
+            num_reqs,
+            num_rows,
+            max_num_reqs,
+            src_ptrs,
+            src_strides,
+            dst_ptrs,
+            dst_strides,
+            widths,
+            num_blocks,
+            num_blocks_stride,
+            block_sizes,
+            reaches,
+            num_computed_tokens,
+            MAX_WIDTH,
+            MASK_WINDOW,
+            ROWS,
+            COLS,
+        )
+    else:
+        _map_slots(
+            pid - gather_programs,
+            s_idx_mapping,
+            s_num_reqs,
+            s_max_num_reqs,
+            query_start_loc,
+            positions,
+            num_positions,
+            table_ptrs,
+            group_params,
+            cp_rank,
+            cp_interleave,
+            interleave_shift,
+            out,
+            out_stride,
+            out_len,
+            NUM_GROUPS,
+            SEARCH_STEPS,
+            POS32,
+            POW2,
+            PAD_ID,
+            TILE,
+        )
+
+
+def gather_and_compute_slot_mappings(
+    idx_mapping: torch.Tensor,
+    num_rows: int,
+    max_num_reqs: int,
+    src_ptrs: torch.Tensor,
+    src_strides: torch.Tensor,
+    dst_ptrs: torch.Tensor,
+    dst_strides: torch.Tensor,
+    widths: torch.Tensor,
+    max_width: int,
+    num_blocks: torch.Tensor,
+    block_sizes: torch.Tensor,
+    reaches: torch.Tensor,
+    num_computed_tokens: torch.Tensor | None,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    layout: GroupLayout,
+    cp_rank: int,
+    cp_interleave: int,
+    out: torch.Tensor,
+) -> None:
+    """`gather_block_tables` and `compute_slot_mappings` in one launch.
+
+    The two jobs touch disjoint memory (the gather writes the forward-pass
+    tables, the slot mapping reads the persistent ones and writes `out`), so
+    their programs may run in any order.
+    """
+    (row_blocks, num_groups), g_args, g_meta = _gather_launch(
         idx_mapping,
-        idx_mapping.shape[0],
+        num_rows,
         max_num_reqs,
-        query_start_loc,
-        positions,
-        positions.shape[0],
-        layout.table_ptrs,
-        layout.params,
-        cp_rank,
-        cp_interleave,
-        cp_interleave.bit_length() - 1,
-        out,
-        out.stride(0),
-        out_len,
-        NUM_GROUPS=num_groups,
-        SEARCH_STEPS=_search_steps(max_num_reqs),
-        POS32=layout.max_span < 2**31,
-        POW2=pow2,
-        PAD_ID=PAD_SLOT_ID,
-        TILE=tile,
-        num_warps=warps,
+        src_ptrs,
+        src_strides,
+        dst_ptrs,
+        dst_strides,
+        widths,
+        max_width,
+        num_blocks,
+        block_sizes,
+        reaches,
+        num_computed_tokens,
+    )
+    slot_programs, s_args, s_meta = _slots_launch(
+        idx_mapping, query_start_loc, positions, max_num_reqs, layout, cp_rank, cp_interleave, out
+    )
+    gather_programs = row_blocks * num_groups
+    # grid: (gather_programs + slot_programs,); program q < gather_programs
+    # fills ROWS destination rows of group q % num_groups (row block
+    # q // num_groups); program gather_programs + i maps tokens
+    # [i * TILE, (i + 1) * TILE) of `out` for every group.
+    _gather_and_slot_mappings_kernel.launch(
+        out.device,
+        (gather_programs + slot_programs,),
+        *g_args,
+        *s_args,
+        gather_programs,
+        **g_meta,
+        **s_meta,
     )
 
 
