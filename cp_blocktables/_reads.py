@@ -60,6 +60,7 @@ class ForwardPassReads:
                 *self._gather_args(idx_mapping, num_rows, dst_ptrs, dst_strides),
                 self._window_mask(num_computed_tokens),
             )
+        # SPEC.md 8.3: the gather's integrity checks (rows vs their sources) belong here.
         return tuple(t[:num_reqs_padded] for t in dst)
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
@@ -144,6 +145,7 @@ class ForwardPassReads:
             self.cp_interleave,
             buf,
         )
+        # SPEC.md 8.3: the slot mapping's integrity checks (no negative or shared slot) go here.
         return buf[:, :num_tokens_padded]
 
     # ------------------------------------------------------------ both reads
@@ -187,6 +189,7 @@ class ForwardPassReads:
                 self.cp_interleave,
                 buf,
             )
+        # SPEC.md 8.3: both reads' integrity checks belong here, as in the two methods.
         tables = tuple(t[:num_reqs_padded] for t in self.input_block_tables)
         return tables, buf[:, :num_tokens_padded]
 
