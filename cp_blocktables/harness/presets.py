@@ -1,0 +1,396 @@
+"""Named harness workloads: a `BlockTables` configuration plus the knobs of its traffic.
+
+A preset is what a person names on the command line (`--preset cp4-interleave`).
+It fixes the KV-cache groups, the CP size and interleave, the table sizes, the
+number of steps and how often each kind of traffic occurs, and it promises a
+set of corners (SPEC.md section 6) that its workload must reach. The workload
+generator counts every corner; a preset whose run misses a promised corner
+fails (`missing_corners`).
+
+`SWEEP` is what `make verify` runs: together its presets cover cp_size 1, 2, 4
+and 8, interleave 1 up to the block size, mixed groups, sliding windows and
+every corner of the contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from ..contract import INT32_MAX, BlockTablesConfig
+
+CORNERS = (
+    "interleave_1",
+    "interleave_between",
+    "interleave_eq_block",
+    "mixed_groups",
+    "several_block_sizes",
+    "prefix_cached_start",
+    "chunked_prefill",
+    "decode",
+    "spec_decode",
+    "spec_rejected",
+    "batch_order_shuffled",
+    "dummy_request",
+    "padded_tokens",
+    "padded_reqs",
+    "smaller_step",
+    "smaller_batch",
+    "row_reused",
+    "block_reused",
+    "slot_past_2_31",
+    "window_freed_reused",
+    "window_boundary",
+    "window_configured_under_cp",
+    "dummy_run",
+    "warmup_redirect",
+    "positions_tail_garbage",
+    "request_finished",
+)
+"""Every corner the workload generator counts (SPEC.md section 6's list, spelled out)."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One KV-cache group: block size, DCP sharding, slot mapping on/off, sliding window."""
+
+    block_size: int
+    sharded: bool = True
+    enabled: bool = True
+    window: int = 0
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A configuration and the traffic to drive through it.
+
+    `max_model_len` bounds every position any request reaches (speculative
+    tokens included); each group's table width is derived from it, so a
+    request never passes its row capacity.
+    """
+
+    name: str
+    description: str
+    groups: tuple[GroupSpec, ...]
+    cp_size: int
+    cp_interleave: int
+    num_steps: int
+    max_num_reqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    max_batch_reqs: int
+    max_prefill_chunk: int
+    max_prompt_len: int
+    max_decode_len: int
+    spec_tokens: int = 0
+    prefix_prob: float = 0.3
+    block_id_base: int = 1
+    dummy_req_prob: float = 0.3
+    pad_prob: float = 0.5
+    shuffle_prob: float = 0.7
+    dummy_run_prob: float = 0.08
+    warmup_steps: int = 0
+    fill_batches: bool = False
+    corners: frozenset[str] = frozenset()
+
+    def with_overrides(self, cp_size: int | None = None, num_steps: int | None = None) -> Preset:
+        """The same traffic under another CP size or step count."""
+        changes = {}
+        if cp_size is not None:
+            changes["cp_size"] = cp_size
+        if num_steps is not None:
+            changes["num_steps"] = num_steps
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def block_sizes(self) -> list[int]:
+        return [g.block_size for g in self.groups]
+
+    def group_cp_size(self, g: int) -> int:
+        return self.cp_size if self.groups[g].sharded else 1
+
+    def max_num_blocks_per_group(self) -> list[int]:
+        return [
+            math.ceil(self.max_model_len / (g.block_size * self.group_cp_size(i)))
+            for i, g in enumerate(self.groups)
+        ]
+
+    def block_pool_size(self) -> int:
+        """Block ids per group: enough that allocation never runs dry."""
+        return self.max_num_reqs * max(self.max_num_blocks_per_group()) + 64
+
+    def config(self, cp_rank: int = 0) -> BlockTablesConfig:
+        """The validated constructor arguments of rank `cp_rank` (raises `ValueError`)."""
+        return BlockTablesConfig(
+            block_sizes=self.block_sizes,
+            max_num_reqs=self.max_num_reqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_blocks_per_group=self.max_num_blocks_per_group(),
+            cp_size=self.cp_size,
+            cp_rank=cp_rank,
+            cp_interleave=self.cp_interleave,
+            slot_mapping_enabled=[g.enabled for g in self.groups],
+            dcp_sharded=[g.sharded for g in self.groups],
+            sliding_window_reach=[g.window for g in self.groups],
+        )
+
+    def validate(self) -> None:
+        """Raise `ValueError` naming what makes this preset unusable."""
+        self.config(0)
+        if self.max_batch_reqs > self.max_num_reqs:
+            raise ValueError(f"preset {self.name}: max_batch_reqs > max_num_reqs")
+        longest = self.max_prompt_len + self.max_decode_len + self.spec_tokens + 1
+        if longest > self.max_model_len:
+            raise ValueError(
+                f"preset {self.name}: prompt + decode + speculative tokens "
+                f"({longest}) exceed max_model_len={self.max_model_len}"
+            )
+        end = self.block_id_base + len(self.groups) * self.block_pool_size()
+        if self.block_id_base < 1 or end > INT32_MAX:
+            raise ValueError(
+                f"preset {self.name}: block ids [{self.block_id_base}, {end}) "
+                f"must lie in [1, {INT32_MAX}]"
+            )
+        unknown = self.corners - set(CORNERS)
+        if unknown:
+            raise ValueError(f"preset {self.name}: unknown corners {sorted(unknown)}")
+
+    def describe(self) -> dict:
+        """Every field, for reports (JSON-ready)."""
+        d = dataclasses.asdict(self)
+        d["corners"] = sorted(self.corners)
+        d["max_num_blocks_per_group"] = self.max_num_blocks_per_group()
+        return d
+
+
+_COMMON = frozenset(
+    {
+        "prefix_cached_start",
+        "chunked_prefill",
+        "decode",
+        "batch_order_shuffled",
+        "dummy_request",
+        "padded_tokens",
+        "padded_reqs",
+        "smaller_step",
+        "smaller_batch",
+        "row_reused",
+        "block_reused",
+        "dummy_run",
+        "positions_tail_garbage",
+        "request_finished",
+    }
+)
+
+PRESETS: dict[str, Preset] = {}
+
+
+def _register(p: Preset) -> Preset:
+    p.validate()
+    PRESETS[p.name] = p
+    return p
+
+
+_register(
+    Preset(
+        name="default",
+        description="cp 4, interleave 2: sharded, unsharded and disabled groups of three block "
+        "sizes, a window configured under CP, speculative decode, warm-up",
+        groups=(
+            GroupSpec(16),
+            GroupSpec(32, window=40),
+            GroupSpec(16, sharded=False),
+            GroupSpec(64, enabled=False),
+        ),
+        cp_size=4,
+        cp_interleave=2,
+        num_steps=42,
+        max_num_reqs=24,
+        max_num_batched_tokens=384,
+        max_model_len=1536,
+        max_batch_reqs=12,
+        max_prefill_chunk=160,
+        max_prompt_len=900,
+        max_decode_len=40,
+        spec_tokens=3,
+        warmup_steps=1,
+        corners=_COMMON
+        | {
+            "interleave_between",
+            "mixed_groups",
+            "several_block_sizes",
+            "spec_decode",
+            "spec_rejected",
+            "window_configured_under_cp",
+            "warmup_redirect",
+        },
+    )
+)
+
+_register(
+    Preset(
+        name="cp1-window",
+        description="cp 1: full-attention and sliding-window groups whose freed blocks go to "
+        "other requests; block ids whose slots pass 2**31",
+        groups=(
+            GroupSpec(16),
+            GroupSpec(32, window=48),
+            GroupSpec(16, window=21),
+            GroupSpec(64, enabled=False),
+        ),
+        cp_size=1,
+        cp_interleave=1,
+        num_steps=38,
+        max_num_reqs=16,
+        max_num_batched_tokens=256,
+        max_model_len=1024,
+        max_batch_reqs=8,
+        max_prefill_chunk=96,
+        max_prompt_len=600,
+        max_decode_len=60,
+        spec_tokens=2,
+        block_id_base=2**27 + 3,
+        warmup_steps=1,
+        corners=_COMMON
+        | {
+            "several_block_sizes",
+            "spec_decode",
+            "spec_rejected",
+            "slot_past_2_31",
+            "window_freed_reused",
+            "window_boundary",
+            "warmup_redirect",
+        },
+    )
+)
+
+_register(
+    Preset(
+        name="cp2-i1",
+        description="cp 2, interleave 1: sharded, unsharded and disabled groups side by side",
+        groups=(
+            GroupSpec(16),
+            GroupSpec(32, sharded=False),
+            GroupSpec(16, enabled=False),
+            GroupSpec(8),
+        ),
+        cp_size=2,
+        cp_interleave=1,
+        num_steps=44,
+        max_num_reqs=16,
+        max_num_batched_tokens=256,
+        max_model_len=1024,
+        max_batch_reqs=8,
+        max_prefill_chunk=96,
+        max_prompt_len=600,
+        max_decode_len=40,
+        spec_tokens=2,
+        corners=_COMMON
+        | {"interleave_1", "mixed_groups", "several_block_sizes", "spec_decode", "spec_rejected"},
+    )
+)
+
+_register(
+    Preset(
+        name="cp4-interleave",
+        description="cp 4, interleave 8: equal to one group's block size and between 1 and "
+        "another's",
+        groups=(GroupSpec(8), GroupSpec(32), GroupSpec(16, sharded=False)),
+        cp_size=4,
+        cp_interleave=8,
+        num_steps=40,
+        max_num_reqs=16,
+        max_num_batched_tokens=256,
+        max_model_len=1536,
+        max_batch_reqs=8,
+        max_prefill_chunk=128,
+        max_prompt_len=900,
+        max_decode_len=40,
+        spec_tokens=3,
+        corners=_COMMON
+        | {
+            "interleave_eq_block",
+            "interleave_between",
+            "several_block_sizes",
+            "spec_decode",
+            "spec_rejected",
+        },
+    )
+)
+
+_register(
+    Preset(
+        name="cp8-large-ids",
+        description="cp 8, interleave 2: block ids near 2**31 so every slot passes 2**31",
+        groups=(GroupSpec(16), GroupSpec(64), GroupSpec(16, sharded=False, enabled=False)),
+        cp_size=8,
+        cp_interleave=2,
+        num_steps=36,
+        max_num_reqs=16,
+        max_num_batched_tokens=256,
+        max_model_len=2048,
+        max_batch_reqs=8,
+        max_prefill_chunk=160,
+        max_prompt_len=1200,
+        max_decode_len=40,
+        spec_tokens=1,
+        block_id_base=2**31 - 2**20,
+        corners=_COMMON
+        | {"interleave_between", "several_block_sizes", "slot_past_2_31", "spec_decode"},
+    )
+)
+
+_register(
+    Preset(
+        name="bench-64k",
+        description="cp 4: steps of about 64K tokens (benchmark, not in the sweep)",
+        groups=(GroupSpec(16), GroupSpec(64, sharded=False)),
+        cp_size=4,
+        cp_interleave=4,
+        num_steps=4,
+        max_num_reqs=48,
+        max_num_batched_tokens=65536,
+        max_model_len=262144,
+        max_batch_reqs=40,
+        max_prefill_chunk=16384,
+        max_prompt_len=65536,
+        max_decode_len=8,
+        prefix_prob=0.0,
+        dummy_req_prob=0.0,
+        dummy_run_prob=0.0,
+        fill_batches=True,
+    )
+)
+
+_register(
+    dataclasses.replace(
+        PRESETS["bench-64k"],
+        name="bench-1m",
+        description="cp 4: steps of about 1M tokens (benchmark, not in the sweep; for GPUs)",
+        num_steps=3,
+        max_num_batched_tokens=1 << 20,
+        max_model_len=1 << 21,
+        max_prefill_chunk=1 << 17,
+        max_prompt_len=1 << 20,
+    )
+)
+
+SWEEP: tuple[str, ...] = ("cp1-window", "cp2-i1", "default", "cp4-interleave", "cp8-large-ids")
+"""The default sweep: cp_size 1, 2, 4 and 8, interleave 1 to block size, every corner."""
+
+ALIASES: dict[str, tuple[str, ...]] = {"sweep": SWEEP, "all": tuple(PRESETS)}
+
+
+def resolve(names: list[str]) -> list[Preset]:
+    """Presets by name or alias, in order, without repeats; `ValueError` for unknown names."""
+    out: list[Preset] = []
+    for name in names:
+        expanded = ALIASES.get(name, (name,))
+        for n in expanded:
+            if n not in PRESETS:
+                known = ", ".join([*PRESETS, *ALIASES])
+                raise ValueError(f"unknown preset {n!r}; known: {known}")
+            if PRESETS[n] not in out:
+                out.append(PRESETS[n])
+    return out
