@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from . import kernels
+from . import integrity, kernels
 from .buffers import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor
 from .contract import INT32_MAX, NULL_BLOCK_ID, PAD_SLOT_ID, BlockTablesConfig
 
@@ -60,6 +60,7 @@ class BlockTables:
         slot_mapping_enabled: list[bool] | None = None,
         dcp_sharded: list[bool] | None = None,
         sliding_window_reach: list[int] | None = None,
+        integrity_checks: bool = False,
     ) -> None:
         cfg = BlockTablesConfig(
             block_sizes,
@@ -90,6 +91,8 @@ class BlockTables:
         self.num_kv_cache_groups = cfg.num_kv_cache_groups
         self.slot_mapping_enabled = cfg.slot_mapping_enabled
         self.sliding_window_reach = cfg.effective_sliding_window_reach()
+        # SPEC 8.3; also on under CPBT_INTEGRITY_CHECKS=1. See integrity.py.
+        self.integrity_checks = integrity.enabled(integrity_checks)
 
         num_groups = self.num_kv_cache_groups
         self.block_tables = [
@@ -267,6 +270,12 @@ class BlockTables:
                 self.sliding_window_reach_tensor,
                 num_computed_tokens if mask else None,
             )
+        if self.integrity_checks:
+            integrity.check_gathered_block_tables(
+                dst, [t.gpu for t in self.block_tables], idx_mapping, self.num_blocks.gpu,
+                self.num_blocks.np, self.block_sizes, self.sliding_window_reach,
+                num_computed_tokens,
+            )  # fmt: skip
         return tuple(t[:num_reqs_padded] for t in dst)
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
@@ -316,6 +325,10 @@ class BlockTables:
             self.cp_interleave,
             buf,
         )
+        if self.integrity_checks:
+            integrity.check_slot_mappings(
+                buf, query_start_loc, idx_mapping, positions, self.block_sizes, num_tokens_padded
+            )
         return buf[:, :num_tokens_padded]
 
     def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
