@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from . import integrity, kernels
+from . import guards, integrity, kernels
 from .buffers import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor
 from .contract import INT32_MAX, NULL_BLOCK_ID, PAD_SLOT_ID, BlockTablesConfig
 
@@ -129,6 +129,7 @@ class BlockTables:
         """
         cfg = self.config
         tables = [t.gpu for t in self.block_tables]
+        guards.check_layout(tables, self.input_block_tables, self.max_num_reqs, self.device)
         self.block_table_ptrs = self._device_tensor([t.data_ptr() for t in tables], torch.uint64)
         self.block_table_strides = self._device_tensor([t.stride(0) for t in tables], torch.int64)
         self.input_block_table_ptrs = self._device_tensor(
@@ -246,6 +247,7 @@ class BlockTables:
             self._input_rows_written = num_reqs_padded
         else:
             dst = self._check_out_tables(out, num_reqs_padded)
+            guards.check_out_tables(dst, out_ptrs, self.device)
             dst_ptrs = (
                 out_ptrs
                 if out_ptrs is not None
@@ -307,6 +309,7 @@ class BlockTables:
         self._check_index_tensor("query_start_loc", query_start_loc, exact_len=num_reqs + 1)
         self._check_index_tensor("positions", positions)
         buf = self.slot_mappings if out is None else self._check_out_slots(out)
+        guards.check_rows_disjoint(buf, "out")
         if not 0 <= num_tokens_padded <= buf.shape[1]:
             raise ValueError(
                 f"num_tokens_padded must lie in [0, {buf.shape[1]}] (the output "
