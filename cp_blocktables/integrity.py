@@ -19,9 +19,9 @@ Cost model: detection runs on the device with torch ops and ends in one
 read-back of a single count (`count_*` return it without reading it, so a
 fused caller can add two counts and read once). Only when the count is not
 zero do `explain_*` copy everything to the host and name the group, rows,
-slot and tokens. Host inputs (the count truth, the null-block bounds) reach
-the device through pinned memory, so detection adds no synchronisation of
-its own before that one read-back.
+slot and tokens. The count truth reaches the device through pinned memory
+and the null-block bounds are cached per device, so detection adds no
+synchronisation of its own before that one read-back.
 
 The functions take plain tensors and lists, not a `BlockTables`, so that
 every method that maps slots or gathers rows (fused or not) can call them.
@@ -76,6 +76,24 @@ def _slot_view(slot_mappings: torch.Tensor, limit: int | None) -> torch.Tensor:
     return slot_mappings if limit is None else slot_mappings[:, :limit]
 
 
+def _floors(null_slots: Sequence[int], device: torch.device) -> torch.Tensor:
+    """`[groups, 1]` int64 null-block bounds on `device`, built once per value and device.
+
+    A module cache rather than a per-call upload: each upload costs a launch
+    and host work on every step, and these values never change.
+    """
+    key = (tuple(int(v) for v in null_slots), str(device))
+    floors = _FLOORS.get(key)
+    if floors is None:
+        if len(_FLOORS) >= 64:
+            _FLOORS.clear()
+        floors = _FLOORS[key] = _to_device(key[0], device).unsqueeze(1)
+    return floors
+
+
+_FLOORS: dict[tuple, torch.Tensor] = {}
+
+
 def count_slot_mapping_faults(
     slot_mappings: torch.Tensor,
     query_start_loc: torch.Tensor,
@@ -86,20 +104,21 @@ def count_slot_mapping_faults(
 
     `slot_mappings` `[groups, n]`; `num_tokens` is `query_start_loc[-1]`, read
     on the device. Only columns `[0, limit)` are examined (the view a caller
-    returns). Repeats: each group's live slots are sorted and neighbours
-    compared; PAD, negatives and null-block slots sort below and drop out.
+    returns). Repeats: each group's slots are sorted and neighbours compared.
+    Tokens that cannot repeat (PAD, negative, null block, past `num_tokens`)
+    get distinct negative keys (`-2 - t`) that sort below every live slot,
+    so one equality finds every repeat.
     """
     s = _slot_view(slot_mappings, limit)
     groups, n = s.shape
     if groups == 0 or n == 0:
         return torch.zeros((), dtype=torch.int64, device=s.device)
-    tokens = torch.arange(n, device=s.device) < query_start_loc[-1]  # [n]
-    negative = tokens & (s < 0) & (s != PAD_SLOT_ID)
-    floor = _to_device(null_slots, s.device).unsqueeze(1)  # [groups, 1]
-    live = tokens & (s >= floor)
-    keys = torch.where(live, s, -1).sort(dim=1).values
-    shared = (keys[:, 1:] == keys[:, :-1]) & (keys[:, 1:] >= 0)
-    return negative.sum() + shared.sum()
+    t = torch.arange(n, device=s.device)
+    in_batch = t < query_start_loc[-1]  # [n]
+    live = in_batch & (s >= _floors(null_slots, s.device))
+    keys = torch.where(live, s, -2 - t).sort(dim=1).values
+    negative = (in_batch & (s < PAD_SLOT_ID)).sum()
+    return negative + (keys[:, 1:] == keys[:, :-1]).sum()
 
 
 def _token_names(
