@@ -3,7 +3,9 @@
 Rows: `compute_slot_mappings` over token counts, groups and CP sizes;
 `gather_block_tables` over batch sizes and row widths, with and without
 sliding-window masking; `append_block_ids` + `apply_staged_writes` for 256
-requests x 4 groups, fused against one apply per group. Yardsticks, measured
+requests x 4 groups, fused against one apply per group; the cost of SPEC 8.3's
+slot-mapping integrity check as a ratio to that kernel at 8K and 64K tokens
+(`integrity_checks`, see `_integrity_rows`). Yardsticks, measured
 in the same run: an empty Triton kernel (the launch floor), a large
 device-to-device copy (the bandwidth ceiling, bytes read plus written), and
 `torch_rival` (plain PyTorch, same semantics) timed on the same inputs.
@@ -42,6 +44,7 @@ import numpy as np
 import torch
 import triton
 
+from .. import integrity
 from .._jit import dual_jit
 from ..block_tables import BlockTables
 from ..contract import BlockTablesConfig
@@ -502,6 +505,59 @@ def _apply_rows(timer: _Timer, rng: np.random.Generator) -> list[_Row]:
     ]  # fmt: skip
 
 
+# ---------------------------------------------------------------- integrity checks
+
+_INTEGRITY_TOKENS = (8192, 65536)
+_INTEGRITY_GROUPS = 4
+
+
+def _integrity_rows(timer: _Timer, rng: np.random.Generator) -> list[_Row]:
+    """Cost of SPEC 8.3's slot-mapping check beside the slot-mapping kernel it follows.
+
+    At 8K and 64K tokens (else the plan's largest), 4 groups, CP 1; tables hold
+    distinct ids, so a correct mapping has no shared slot and the check must
+    report none (`agrees`). Device time: the detection kernels alone (no
+    read-back); host time: the whole check, read-back included. `extra`
+    holds the kernel's figures and both ratios.
+    """
+    device, rows = timer.device, []
+    tokens_list = [t for t in timer.plan.tokens if t in _INTEGRITY_TOKENS]
+    block_sizes = list(_BLOCK_SIZES[:_INTEGRITY_GROUPS])
+    for tokens in tokens_list or [max(timer.plan.tokens)]:
+        req_rows, lens, positions = _batch(tokens, rng)
+        qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        widths = [int(positions.max()) // bs + 1 for bs in block_sizes]
+        bt = BlockTables(block_sizes, _MAX_REQS, tokens, widths, device)
+        bt.validate_inputs = False
+        for g, t in enumerate(bt.block_tables):
+            unique = (torch.randperm(t.gpu.numel(), device=device) * 7919 + 1) % (2**31 - 1)
+            t.gpu.copy_(unique.reshape(t.gpu.shape))  # distinct ids: no slot is shared
+            bt.num_blocks.np[g, :] = t.gpu.shape[1]
+        bt.num_blocks.copy_to_uva()
+        idx, qsl_t, pos = (torch.tensor(a, device=device) for a in (req_rows, qsl, positions))
+        out = torch.empty((_INTEGRITY_GROUPS, tokens), dtype=torch.int64, device=device)
+        kernel_dev, kernel_host = timer.time(
+            [partial(bt.compute_slot_mappings, idx, qsl_t, pos, tokens, out=out)]
+        )
+        count = partial(integrity.count_slot_mapping_faults, out, qsl_t, block_sizes, tokens)
+        dev, _ = timer.time([count])
+        _, host = timer.time(
+            [partial(integrity.check_slot_mappings, out, qsl_t, idx, pos, block_sizes, tokens)]
+        )
+        ratio = dev / kernel_dev
+        rows.append(
+            _Row(
+                "integrity_checks", f"T={_tokens_label(tokens)} G=4 {ratio:.1f}x slots",
+                dict(tokens=tokens, groups=_INTEGRITY_GROUPS, check="slot_mappings"),
+                dev, host, 8 * _INTEGRITY_GROUPS * tokens, agrees=int(count()) == 0,
+                extra=dict(kernel_us=kernel_dev, kernel_host_us=kernel_host,
+                           ratio=ratio, host_ratio=host / kernel_host),
+            )
+        )  # fmt: skip
+        del bt, out
+    return rows
+
+
 # ---------------------------------------------------------------- yardsticks
 
 
@@ -658,7 +714,7 @@ def run_kernel_bench(device: str | torch.device, quick: bool, json_path: str | N
     try:
         yardsticks = _yardstick_rows(timer, gen)
         rows = yardsticks + _slot_rows(timer, rng, gen) + _gather_rows(timer, rng, gen)
-        rows += _apply_rows(timer, rng)
+        rows += _apply_rows(timer, rng) + _integrity_rows(timer, rng)
     finally:
         torch.set_num_threads(threads)
     floor, copy = yardsticks

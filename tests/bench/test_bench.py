@@ -15,7 +15,7 @@ from cp_blocktables import BlockTablesConfig
 from cp_blocktables.bench import kernels as bench
 
 KERNEL_KINDS = {"compute_slot_mappings", "gather_block_tables", "apply_staged_writes"}
-ALL_KINDS = KERNEL_KINDS | {"launch_floor", "copy"}
+ALL_KINDS = KERNEL_KINDS | {"launch_floor", "copy", "integrity_checks"}
 
 
 @pytest.fixture(scope="module")
