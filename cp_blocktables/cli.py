@@ -371,7 +371,7 @@ def _add_drill_null_block_arguments(p: argparse.ArgumentParser) -> None:
 
 def drill_options(args: argparse.Namespace):
     """`DrillOptions` from parsed arguments, checked for the world it will run in."""
-    from .drills.null_block import DrillOptions, plan
+    from .drills.options import DrillOptions, plan
 
     env = _rank_env(args)
     world = args.world_size or (max(args.sizes) if args.sizes else 4)
@@ -398,7 +398,7 @@ def drill_options(args: argparse.Namespace):
 
 def _drill_null_block(args: argparse.Namespace) -> int:
     opts = drill_options(args)
-    from .drills.null_block import run_drill_rank
+    from .drills.driver import run_drill_rank
     from .harness.dist import spawn_local
 
     if not opts.spawned:

@@ -1,6 +1,6 @@
 """What a null-block drill tells a person: a table per stage, the verdict, a repro line, JSON.
 
-Records come from the CP groups' leaders (`null_block._Era`), one per stage
+Records come from the CP groups' leaders (`era.Era`), one per stage
 (`serve 1`, `warm-up`, `serve 2`) of each CP group at each world size; each
 holds its failures as lines of text, the checks that failed (SPEC.md section
 6's numbers, `WARMUP_CHECKS`' names) and a one-line summary.
@@ -28,6 +28,11 @@ WARMUP_CHECKS = {
     "appends-after": "after the warm-up, appended block ids are staged as given",
 }
 """The drill's own checks, beyond SPEC.md section 6 (which also runs on the warm-up steps)."""
+
+
+def finding(check: str, what: str, rank: int, group: int | None = None, **kw: str) -> dict:
+    """A drill check's finding on one rank: the check, what broke, where, expected and actual."""
+    return {"check": check, "what": what, "rank": rank, "group": group, **kw}
 
 
 def describe_finding(f: dict) -> str:
