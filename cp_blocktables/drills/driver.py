@@ -137,6 +137,10 @@ def _impls(comm, opts, loaded, chosen, sizes, fault, run_id: str) -> list[dict]:
 
 
 def _era_class(opts: DrillOptions) -> type:
+    if opts.drill == "wake-up":
+        from .wake_up import WakeUpEra
+
+        return WakeUpEra
     from .null_block import NullBlockEra
 
     return NullBlockEra

@@ -77,6 +77,8 @@ class ServingExecutor(runner._Executor):
             for a in step.appends:
                 for g, ids in enumerate(a.block_ids):
                     self.appended[g].update(ids)
+                if not self.in_warmup:
+                    self.state.note_append(a.uid, a.row, a.block_ids, a.overwrite)
         if self.fault is not None:
             self.fault.after_step(step.index, self.where)
         return out
@@ -121,9 +123,12 @@ class Phase(runner._PresetRun):
             if executor is None:
                 return impl, None, found
             self.seat.state = ServingState(impl, self.preset, self.comm.rank)
-        ex = ServingExecutor(self.seat, self.preset, self.comm.device, self.fault, self.where)
+        ex = self.make_executor()
         found = ex.check_buffers()
         for v in found:
             v.rank = self.cp_rank
         self.executor = None if found else ex
         return self.seat.state.impl, self.executor, found
+
+    def make_executor(self) -> ServingExecutor:
+        return ServingExecutor(self.seat, self.preset, self.comm.device, self.fault, self.where)

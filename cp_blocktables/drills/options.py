@@ -15,6 +15,7 @@ import torch
 from ..harness import presets, runner
 
 DRILL_VERSION = "1"
+DRILLS = ("null-block", "wake-up")
 SEED_STRIDE = 1000
 """Serve phase `k` of CP group `j` uses workload seed `seed + SEED_STRIDE * k + j`."""
 
@@ -38,6 +39,9 @@ class DrillOptions:
     quiet: bool = False
     world_size: int = 4
     spawned: bool = False
+    drill: str = "null-block"
+    cycles: int = 2
+    """wake-up: sleeps inside each serve phase (serve 2 adds one before its first step)."""
 
     def agreement_fields(self) -> dict:
         return {
@@ -49,6 +53,8 @@ class DrillOptions:
             "cp_size": self.cp_size,
             "cp_interleave": self.cp_interleave,
             "fail_fast": self.fail_fast,
+            "kind": self.drill,
+            "cycles": self.cycles,
             "drill": DRILL_VERSION,
             "harness": runner.HARNESS_VERSION,
             "torch": torch.__version__,
@@ -68,6 +74,10 @@ class DrillOptions:
 
 def plan(opts: DrillOptions, world_size: int) -> list[presets.Preset]:
     """The presets to drill, with overrides applied; `ValueError` naming what cannot run."""
+    if opts.drill not in DRILLS:
+        raise ValueError(f"unknown drill {opts.drill!r}; known: {', '.join(DRILLS)}")
+    if opts.cycles < 0:
+        raise ValueError(f"--cycles must be >= 0, got {opts.cycles}")
     sizes = opts.sizes or [world_size]
     for s in sizes:
         if not 1 <= s <= world_size:
