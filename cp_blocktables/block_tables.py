@@ -166,6 +166,8 @@ class BlockTables:
         self.sliding_window_reach_tensor = self._device_tensor(
             self.sliding_window_reach, torch.int64
         )
+        # Slots below these lie in the null KV block (integrity checks exempt them).
+        self._null_slot_floors = self._device_tensor(cfg.block_sizes, torch.int64)
         self._max_width = max((t.shape[1] for t in tables), default=1)
         self._layout = kernels.GroupLayout.build(
             tables,
@@ -371,7 +373,12 @@ class BlockTables:
         )
         if self.integrity_checks:
             integrity.check_slot_mappings(
-                buf, query_start_loc, idx_mapping, positions, self.block_sizes, num_tokens_padded
+                buf,
+                query_start_loc,
+                idx_mapping,
+                positions,
+                self._null_slot_floors,
+                num_tokens_padded,
             )
         return buf[:, :num_tokens_padded]
 
