@@ -26,11 +26,22 @@ from .buffers import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor
 from .contract import INT32_MAX, NULL_BLOCK_ID, PAD_SLOT_ID, BlockTablesConfig
 
 
+def _expand(ids: Sequence[int], m: int) -> list[int]:
+    """Allocator ids to kernel ids: `b` becomes `b*m, b*m+1, ..., b*m+m-1`, in order."""
+    kernel_ids = np.asarray(ids, dtype=np.int64)[:, None] * m + np.arange(m, dtype=np.int64)
+    return kernel_ids.ravel().tolist()
+
+
 class BlockTables:
     """Block tables of every KV-cache group of one CP rank.
 
+    Kernel block sizes (SPEC.md 8.1): `block_sizes[g]` is the allocator's block
+    `B`, `kernel_block_sizes[g]` the attention kernel's `K`, `m = B // K`.
+    Tables hold kernel block ids and `num_blocks` counts kernel blocks; every
+    formula of section 2 uses `bs = K`. With `K == B` (the default) `m == 1`.
+
     Persistent buffers (allocated once; their addresses are stable):
-    `block_tables[g].gpu` `[max_num_reqs, max_num_blocks_per_group[g]]` int32,
+    `block_tables[g].gpu` `[max_num_reqs, max_num_blocks_per_group[g] * m]` int32,
     `input_block_tables[g]` of the same shape, `slot_mappings`
     `[num_groups, max_num_batched_tokens]` int64, and the small per-group
     layout tensors built by `init_block_table_layout_tensors`.
@@ -60,6 +71,7 @@ class BlockTables:
         slot_mapping_enabled: list[bool] | None = None,
         dcp_sharded: list[bool] | None = None,
         sliding_window_reach: list[int] | None = None,
+        kernel_block_sizes: list[int] | None = None,
     ) -> None:
         cfg = BlockTablesConfig(
             block_sizes,
@@ -72,6 +84,7 @@ class BlockTables:
             slot_mapping_enabled,
             dcp_sharded,
             sliding_window_reach,
+            kernel_block_sizes,
         )
         try:
             self.device = torch.device(device)
@@ -80,7 +93,8 @@ class BlockTables:
         self.config = cfg
         # get_device() of tensors on our device: -1 for CPU, None for any CUDA device.
         self._device_index = -1 if self.device.type == "cpu" else self.device.index
-        self.block_sizes = cfg.block_sizes
+        self.block_sizes = cfg.block_sizes  # the allocator's blocks: what appends are given
+        self.kernel_block_sizes = cfg.kernel_block_sizes  # what tables and slots are built of
         self.max_num_reqs = cfg.max_num_reqs
         self.max_num_batched_tokens = cfg.max_num_batched_tokens
         self.max_num_blocks_per_group = cfg.max_num_blocks_per_group
@@ -90,11 +104,17 @@ class BlockTables:
         self.num_kv_cache_groups = cfg.num_kv_cache_groups
         self.slot_mapping_enabled = cfg.slot_mapping_enabled
         self.sliding_window_reach = cfg.effective_sliding_window_reach()
-
         num_groups = self.num_kv_cache_groups
+        # Kernel blocks per allocator block, and the row capacity in kernel blocks.
+        self._kernel_factors = [cfg.kernel_blocks_per_block(g) for g in range(num_groups)]
+        self._expands = any(m > 1 for m in self._kernel_factors)
+        self._table_widths = [cfg.table_width(g) for g in range(num_groups)]
+        # Largest allocator id whose last kernel id still fits an int32 table entry.
+        self._max_block_ids = [(INT32_MAX + 1) // m - 1 for m in self._kernel_factors]
+
         self.block_tables = [
-            StagedWriteTensor((max_num_reqs, m), torch.int32, self.device)
-            for m in self.max_num_blocks_per_group
+            StagedWriteTensor((max_num_reqs, w), torch.int32, self.device)
+            for w in self._table_widths
         ]
         # [num_groups, max_num_reqs]
         self.num_blocks = UvaBackedTensor(
@@ -136,6 +156,7 @@ class BlockTables:
         )
         self.block_table_widths = self._device_tensor([t.shape[1] for t in tables], torch.int32)
         self.block_sizes_tensor = self._device_tensor(cfg.block_sizes, torch.int64)
+        self.kernel_block_sizes_tensor = self._device_tensor(cfg.kernel_block_sizes, torch.int64)
         self.dcp_sharded = self._device_tensor(cfg.dcp_sharded, torch.bool)
         self.sliding_window_reach_tensor = self._device_tensor(
             self.sliding_window_reach, torch.int64
@@ -144,7 +165,7 @@ class BlockTables:
         self._layout = kernels.GroupLayout.build(
             tables,
             self.block_table_ptrs,
-            cfg.block_sizes,
+            cfg.kernel_block_sizes,
             [cfg.group_cp_size(g) for g in range(self.num_kv_cache_groups)],
             cfg.slot_mapping_enabled,
             self.device,
@@ -158,8 +179,9 @@ class BlockTables:
         """Stage `new_block_ids[g]` for row `req_index` of every group `g`.
 
         With `overwrite` the ids start at column 0 (a new request in a reused
-        row), else after the row's current blocks. Either every group is staged
-        or, on error, none.
+        row), else after the row's current blocks. Each allocator id `b` is
+        staged as its `m` kernel ids `b*m .. b*m+m-1` (SPEC.md 8.1) and counts
+        advance by `m` per id. Either every group is staged or, on error, none.
         """
         num_groups = self.num_kv_cache_groups
         if (
@@ -176,21 +198,33 @@ class BlockTables:
             )
         counts = self.num_blocks.np[:, req_index]  # [num_groups] view of the host truth
         starts = [0] * num_groups if overwrite else counts.tolist()
-        ends = [start + len(ids) for start, ids in zip(starts, new_block_ids)]
+        factors = self._kernel_factors
+        if self._expands:
+            ends = [s + len(ids) * m for s, ids, m in zip(starts, new_block_ids, factors)]
+        else:
+            ends = [start + len(ids) for start, ids in zip(starts, new_block_ids)]
+        # Every check runs before anything is staged: an error leaves no partial state.
         for g, (end, ids) in enumerate(zip(ends, new_block_ids)):
-            if end > self.max_num_blocks_per_group[g]:
+            if end > self._table_widths[g]:
+                unit = "kernel blocks" if factors[g] > 1 else "blocks"
                 raise RuntimeError(
-                    f"append_block_ids: request {req_index}, group {g}: blocks would end at "
-                    f"{end}, past the row capacity {self.max_num_blocks_per_group[g]}"
+                    f"append_block_ids: request {req_index}, group {g}: {unit} would end at "
+                    f"{end}, past the row capacity {self._table_widths[g]}"
                 )
-            if ids and (min(ids) < 0 or max(ids) > INT32_MAX):
+            if ids and (min(ids) < 0 or max(ids) > self._max_block_ids[g]):
                 raise ValueError(
                     f"append_block_ids: request {req_index}, group {g}: block ids "
-                    f"must lie in [0, {INT32_MAX}]"
+                    f"must lie in [0, {self._max_block_ids[g]}]"
                 )
         redirect = self.redirect_writes_to_null_block
-        for table, start, ids in zip(self.block_tables, starts, new_block_ids):
-            table.stage_write(req_index, start, [NULL_BLOCK_ID] * len(ids) if redirect else ids)
+        if self._expands:
+            for table, start, ids, m in zip(self.block_tables, starts, new_block_ids, factors):
+                if redirect:
+                    ids = [NULL_BLOCK_ID] * len(ids)
+                table.stage_write(req_index, start, _expand(ids, m) if m > 1 else ids)
+        else:  # the common case: no per-id work beyond the staging itself
+            for table, start, ids in zip(self.block_tables, starts, new_block_ids):
+                table.stage_write(req_index, start, [NULL_BLOCK_ID] * len(ids) if redirect else ids)
         counts[:] = ends
 
     def apply_staged_writes(self) -> None:
@@ -263,20 +297,26 @@ class BlockTables:
                 self.block_table_widths,
                 self._max_width,
                 self.num_blocks.gpu,
-                self.block_sizes_tensor,
+                self.kernel_block_sizes_tensor,
                 self.sliding_window_reach_tensor,
                 num_computed_tokens if mask else None,
             )
         return tuple(t[:num_reqs_padded] for t in dst)
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
-        """Zero persistent rows that may hold ids; returns `[:num_reqs]` views of them."""
+        """Zero persistent rows that may hold ids; returns `[:num_reqs]` views of them.
+
+        The returned rows count as written (SPEC section 3): a profiling pass may
+        fill them, and the next gather into the persistent tables zeroes them.
+        """
         if not 0 <= num_reqs <= self.max_num_reqs:
             raise ValueError(f"num_reqs must lie in [0, {self.max_num_reqs}], got {num_reqs}")
         rows = max(num_reqs, self._input_rows_written)
         for t in self.input_block_tables:
             t[:rows].zero_()
-        self._input_rows_written = 0
+        # The views handed out may be filled by a profiling run: they count as
+        # written, so the next gather into the persistent tables clears them.
+        self._input_rows_written = num_reqs
         return tuple(t[:num_reqs] for t in self.input_block_tables)
 
     # ------------------------------------------------------------ slot mappings
@@ -421,7 +461,7 @@ class BlockTables:
         if len(out) != self.num_kv_cache_groups:
             raise ValueError(f"out has {len(out)} tables for {self.num_kv_cache_groups} groups")
         for g, t in enumerate(out):
-            width = self.max_num_blocks_per_group[g]
+            width = self._table_widths[g]
             if (
                 t.dtype != torch.int32
                 or t.dim() != 2
