@@ -55,6 +55,8 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
         cfg = self.cfgs[0]
         self.num_groups = cfg.num_kv_cache_groups
         self.block_sizes = cfg.block_sizes
+        self.kernel_sizes = cfg.kernel_block_sizes
+        self.m = [preset.kernel_factor(g) for g in range(self.num_groups)]
         self.group_cp = [cfg.group_cp_size(g) for g in range(self.num_groups)]
         self.enabled = cfg.slot_mapping_enabled
         self.reach = cfg.effective_sliding_window_reach()
@@ -62,7 +64,8 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
         self.holders: list[dict[int, int]] = [{} for _ in range(self.num_groups)]
         self.req_blocks: dict[int, list[list[int]]] = {}
         self.req_dead: dict[int, list[set[int]]] = {}
-        self.rows_high = 0
+        self._init_table_model(cfg)
+        self.slot_model: np.ndarray | None = None  # persistent slot_mappings, [cp, groups, n]
         self.stats = np.zeros((self.num_groups, self.cp_size, len(STAT_FIELDS)), dtype=np.int64)
         self.violations: list[Violation] = []
         self.counts: Counter[int] = Counter()
@@ -82,10 +85,13 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
         tables: list[np.ndarray],
         local: list[Violation],
         digests: list[str],
+        aux: tuple[np.ndarray, list[np.ndarray]] | None = None,
     ) -> list[Violation]:
         """Every check of one step.
 
-        `slots` `[cp, groups, max_tokens]`, `tables[g]` `[cp, rows, w]`.
+        `slots` `[cp, groups, max_tokens]`, `tables[g]` `[cp, rows, w]`: the
+        persistent buffers after the step; `aux`: the caller-owned buffers the
+        step passed as `out` (same shapes), when it did.
         """
         found = list(local)
         found += agreement_violations(
@@ -103,11 +109,18 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
                     for ref in self.refs
                 ]
             )
-            found += self._check_slots(step, expected, slots)
-            found += self._check_distinct(step, slots)
-            found += self._check_tables(step, tables)
+            produced = slots
+            if step.slot_out and aux is not None:
+                produced = aux[0]
+                found += self._check_slot_model(step, slots, "compute_slot_mappings(out=...)")
+            else:
+                self.slot_model = expected
+            found += self._check_slots(step, expected, produced)
+            found += self._check_distinct(step, produced)
+            out_tables = aux[1] if step.gather_out and aux is not None else None
+            found += self._check_tables(step, tables, out_tables)
             if step.kind == "real":
-                self._write_kv(step, slots)
+                self._write_kv(step, produced)
                 found += self.read_back(step.index, step.finished)
                 self.tokens_checked += int(
                     (step.uids >= 0).astype(np.int64) @ np.diff(step.query_start_loc)
@@ -153,11 +166,20 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
         for ref in self.refs:
             ref.redirect_writes_to_null_block = warmup
             for a in step.appends:
-                ref.append_block_ids(a.row, [list(ids) for ids in a.block_ids], a.overwrite)
+                try:
+                    ref.append_block_ids(a.row, [list(ids) for ids in a.block_ids], a.overwrite)
+                except RuntimeError:
+                    if not a.expect_error:
+                        raise
+                else:
+                    if a.expect_error:
+                        raise AssertionError(f"the reference accepted a refused append {a}")
             ref.redirect_writes_to_null_block = False
         if warmup:
             return
         for a in step.appends:
+            if not a.ledger:
+                continue
             if a.overwrite:
                 self.req_blocks[a.uid] = [[] for _ in range(self.num_groups)]
                 self.req_dead[a.uid] = [set() for _ in range(self.num_groups)]
@@ -179,7 +201,13 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
             for k in range(self.cp_size):
                 kk = k if self.group_cp[g] > 1 else 0
                 slots = reference.slots_for_positions(
-                    row, pos, self.block_sizes[g], self.group_cp[g], kk, self.preset.cp_interleave
+                    row,
+                    pos,
+                    self.block_sizes[g],
+                    self.group_cp[g],
+                    kk,
+                    self.preset.cp_interleave,
+                    kernel_block_size=self.kernel_sizes[g],
                 )
                 mine = slots != PAD_SLOT_ID
                 tags = (req.uid << _TAG_SHIFT) | pos[mine]

@@ -28,14 +28,15 @@ class _KvChecks:
 
     def _read_request(self, step_index: int, req: Finished, g: int) -> list[Violation]:
         bs, c, inter = self.block_sizes[g], self.group_cp[g], self.preset.cp_interleave
+        kbs = self.kernel_sizes[g]
         row = np.asarray(self.req_blocks[req.uid][g], dtype=np.int64)
         dead = self.req_dead[req.uid][g]
         found, seen = [], np.zeros(req.seq_len, dtype=np.int64)
         for k in range(self.cp_size):
             kk = k if c > 1 else 0
-            owned = reference.owned_positions(req.seq_len, kk, c, inter, bs)
+            owned = reference.owned_positions(req.seq_len, kk, c, inter, kbs)
             n_local = reference.local_len(req.seq_len, kk, c, inter)
-            slots = reference.read_slots(row, n_local, bs)
+            slots = reference.read_slots(row, n_local, bs, kernel_block_size=kbs)
             q = np.arange(n_local)
             live = np.array([(j not in dead) for j in (q // bs).tolist()], dtype=bool)
             cache = self.kv[k][g]

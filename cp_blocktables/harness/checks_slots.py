@@ -110,14 +110,14 @@ class _SlotChecks:
         for g in range(self.num_groups):
             if not self.enabled[g]:
                 continue
-            bs = self.block_sizes[g]
+            kbs, m = self.kernel_sizes[g], self.m[g]
             for k in range(self.cp_size):
                 slots = actual[k, g, :n][real]
                 written = slots != PAD_SLOT_ID
                 toks, slots = real[written], slots[written]
                 if not warmup:  # warm-up writes all land in the null block, by design
                     found += self._shared_slots(step, g, k, toks, slots, rows, uids)
-                blocks = slots // bs
+                blocks = slots // kbs // m  # allocator blocks (SPEC.md 8.1)
                 if warmup:
                     wrong = np.flatnonzero(blocks != NULL_BLOCK_ID)
                 else:
@@ -176,6 +176,27 @@ class _SlotChecks:
                     expected="distinct slots",
                     actual=f"slot {int(s[i])} also written by token {t1} (request {int(uids[t1])} "
                     f"position {int(step.positions[t1])})",
+                )
+            )
+        return found
+
+    def _check_slot_model(self, step: Step, actual: np.ndarray, call: str) -> list[Violation]:
+        """The persistent slot_mappings left as the last call that wrote them left it."""
+        if self.slot_model is None:
+            return []
+        found = []
+        bad = np.argwhere(actual != self.slot_model)
+        for k, g, t in bad[:_PER_STEP_REPORTS].tolist():
+            found.append(
+                Violation(
+                    3,
+                    f"{call} changed the persistent slot_mappings",
+                    step.index,
+                    g,
+                    token=t,
+                    rank=k,
+                    expected=_slot(int(self.slot_model[k, g, t])),
+                    actual=_slot(int(actual[k, g, t])),
                 )
             )
         return found

@@ -13,8 +13,9 @@ import hashlib
 import numpy as np
 import torch
 
+from ..contract import PAD_SLOT_ID
 from . import presets
-from .checks import Violation
+from .violations import Violation
 from .workload import Step
 
 
@@ -26,11 +27,16 @@ class _Executor:
         self.device = device
         cfg = preset.config(0)
         self.num_groups = cfg.num_kv_cache_groups
-        self.widths = cfg.max_num_blocks_per_group
+        self.m = [preset.kernel_factor(g) for g in range(self.num_groups)]
+        self.widths = [cfg.table_width(g) for g in range(self.num_groups)]  # kernel blocks
         self.max_reqs = cfg.max_num_reqs
         self.max_tokens = cfg.max_num_batched_tokens
         self.num_blocks = np.zeros((self.num_groups, self.max_reqs), dtype=np.int64)
-        self.size = self.num_groups * self.max_tokens + self.max_reqs * sum(self.widths)
+        self.part = self.num_groups * self.max_tokens + self.max_reqs * sum(self.widths)
+        self.size = 2 * self.part + 1  # persistent outputs, caller-owned outputs, a marker
+        self.fused = callable(getattr(impl, "gather_and_compute_slot_mappings", None))
+        self._aux_slots: torch.Tensor | None = None
+        self._aux_tables: list[torch.Tensor] | None = None
 
     def check_buffers(self) -> list[Violation]:
         """The persistent buffers' shapes: everything else relies on them."""
@@ -63,16 +69,26 @@ class _Executor:
         return found
 
     def run(self, step: Step) -> tuple[torch.Tensor, list[Violation], str]:
-        """Execute `step`; returns (persistent outputs flattened `[size]`, findings, digest)."""
+        """Execute `step`; returns (outputs flattened `[size]`, findings, digest).
+
+        The flat outputs are the persistent slot mappings and tables, then the
+        caller-owned buffers of this step (sentinel-filled when unused).
+        """
+        self._aux_slots = None
+        self._aux_tables = None
         found = self._dummy(step) if step.kind == "dummy" else self._real(step)
         return self._bulk(), found, self._digest(step)
 
     def _real(self, step: Step) -> list[Violation]:
         impl, dev = self.impl, self.device
+        found: list[Violation] = []
         if step.kind == "warmup":
             impl.redirect_writes_to_null_block = True
         try:
             for a in step.appends:
+                if a.expect_error:
+                    found += self._refused_append(step.index, a)
+                    continue
                 impl.append_block_ids(a.row, tuple(list(ids) for ids in a.block_ids), a.overwrite)
                 self._count(a.row, a.block_ids, a.overwrite)
         finally:
@@ -85,27 +101,146 @@ class _Executor:
             if step.num_computed_tokens is None
             else torch.from_numpy(step.num_computed_tokens).to(dev)
         )
-        tables = impl.gather_block_tables(idx, step.num_reqs_padded, num_computed_tokens=nct)
         qsl = torch.from_numpy(step.query_start_loc).to(dev)
         pos = torch.from_numpy(step.positions).to(dev)
-        slots = impl.compute_slot_mappings(idx, qsl, pos, step.num_tokens_padded)
-        return self._check_views(
-            step.index, tables, step.num_reqs_padded, False
-        ) + self._check_slot_view(step.index, slots, step.num_tokens_padded, False)
+        nrp, ntp = step.num_reqs_padded, step.num_tokens_padded
+        if step.fused_read and self.fused:
+            return found + self._fused(step, idx, qsl, pos, nct)
+        out = out_ptrs = None
+        if step.gather_out:
+            out = self._aux_tables = self._sentinel_tables()
+            if step.gather_out == 2:
+                out_ptrs = torch.tensor([t.data_ptr() for t in out], dtype=torch.uint64, device=dev)
+        if out is None:
+            tables = impl.gather_block_tables(idx, nrp, num_computed_tokens=nct)
+        else:
+            tables = impl.gather_block_tables(
+                idx, nrp, out=out, out_ptrs=out_ptrs, num_computed_tokens=nct
+            )
+        slot_out = None
+        if step.slot_out:
+            slot_out = self._aux_slots = self._sentinel_slots()
+            slots = impl.compute_slot_mappings(idx, qsl, pos, ntp, out=slot_out)
+        else:
+            slots = impl.compute_slot_mappings(idx, qsl, pos, ntp)
+        found += self._check_views(step.index, tables, nrp, False, out)
+        found += self._check_slot_view(step.index, slots, ntp, False, slot_out)
+        return found
+
+    def _fused(self, step: Step, idx, qsl, pos, nct) -> list[Violation]:
+        """SPEC.md 8.2 on the persistent buffers, then the two calls into caller-owned buffers:
+        the leader checks the first against the reference, and here both must agree."""
+        impl, nrp, ntp = self.impl, step.num_reqs_padded, step.num_tokens_padded
+        tables, slots = impl.gather_and_compute_slot_mappings(
+            idx, nrp, qsl, pos, ntp, num_computed_tokens=nct
+        )
+        found = self._check_views(step.index, tables, nrp, False)
+        found += self._check_slot_view(step.index, slots, ntp, False)
+        if found:
+            return found
+        out, slot_out = self._sentinel_tables(), self._sentinel_slots()
+        two = impl.gather_block_tables(idx, nrp, out=out, num_computed_tokens=nct)
+        impl.compute_slot_mappings(idx, qsl, pos, ntp, out=slot_out)
+        for g, (a, b) in enumerate(zip(tables, two, strict=True)):
+            if not torch.equal(self._defined(step, g, a), self._defined(step, g, b)):
+                found.append(
+                    Violation(
+                        6,
+                        "gather_and_compute_slot_mappings returned other tables than "
+                        "gather_block_tables",
+                        step.index,
+                        g,
+                    )
+                )
+        if not torch.equal(slots.to(torch.int64), slot_out[:, :ntp].to(torch.int64)):
+            found.append(
+                Violation(
+                    3,
+                    "gather_and_compute_slot_mappings returned other slots than "
+                    "compute_slot_mappings",
+                    step.index,
+                )
+            )
+        return found
+
+    def _defined(self, step: Step, g: int, t: torch.Tensor) -> torch.Tensor:
+        """Table rows with entries past each real row's count zeroed (those are never read)."""
+        a = t.to(torch.int64).cpu().clone()
+        for b, r in enumerate(step.idx_mapping.tolist()):
+            if r >= 0:
+                a[b, int(self.num_blocks[g, r]) :] = 0
+        return a
+
+    def _refused_append(self, s: int, a) -> list[Violation]:
+        """An append past some group's capacity: `RuntimeError`, nothing staged (SPEC.md 3)."""
+        what = "append_block_ids past a row's capacity"
+        try:
+            self.impl.append_block_ids(a.row, tuple(list(ids) for ids in a.block_ids), a.overwrite)
+        except RuntimeError:
+            return []
+        except Exception as e:  # noqa: BLE001 - the wrong exception is a finding
+            return [
+                Violation(
+                    8,
+                    f"{what} raised {type(e).__name__} instead of RuntimeError: {e}",
+                    s,
+                    row=a.row,
+                    request=a.uid,
+                    expected="RuntimeError",
+                    actual=type(e).__name__,
+                )
+            ]
+        return [
+            Violation(
+                8,
+                f"{what} did not raise",
+                s,
+                row=a.row,
+                request=a.uid,
+                expected="RuntimeError",
+                actual="returned normally",
+            )
+        ]
 
     def _dummy(self, step: Step) -> list[Violation]:
-        tables = self.impl.get_dummy_block_tables(step.dummy_num_reqs)
-        slots = self.impl.get_dummy_slot_mappings(step.dummy_num_tokens)
-        return self._check_views(
-            step.index, tables, step.dummy_num_reqs, True
-        ) + self._check_slot_view(step.index, slots, step.dummy_num_tokens, True)
+        n_reqs, n_tokens = step.dummy_num_reqs, step.dummy_num_tokens
+        tables = self.impl.get_dummy_block_tables(n_reqs)
+        slots = self.impl.get_dummy_slot_mappings(n_tokens)
+        found = self._check_views(step.index, tables, n_reqs, True)
+        found += self._check_slot_view(step.index, slots, n_tokens, True)
+        if not found:
+            found += self._dummy_contents(step.index, tables, slots)
+        if step.profile and not found:
+            # A profiling run fills what it was handed before the next real step.
+            junk_tables, junk_slots = profile_junk(step, self.widths, self.num_groups)
+            for g, t in enumerate(tables):
+                t.copy_(torch.from_numpy(junk_tables[g]).to(t.dtype))
+            slots.copy_(torch.from_numpy(junk_slots).to(slots.dtype))
+        return found
+
+    def _dummy_contents(self, s: int, tables, slots: torch.Tensor) -> list[Violation]:
+        """What a dummy run hands out holds no block id and no slot (before anyone writes)."""
+        found = []
+        for g, t in enumerate(tables):
+            if bool((t != 0).any()):
+                found.append(
+                    Violation(6, "get_dummy_block_tables handed out rows that are not zero", s, g)
+                )
+        if bool((self.impl.slot_mappings != PAD_SLOT_ID).any()):
+            found.append(
+                Violation(3, "get_dummy_slot_mappings left a non-PAD entry in slot_mappings", s)
+            )
+        return found
 
     def _count(self, row: int, ids: tuple, overwrite: bool) -> None:
         for g, x in enumerate(ids):
-            self.num_blocks[g, row] = (0 if overwrite else self.num_blocks[g, row]) + len(x)
+            n = len(x) * self.m[g]  # counts are in kernel blocks (SPEC.md 8.1)
+            self.num_blocks[g, row] = (0 if overwrite else self.num_blocks[g, row]) + n
 
-    def _check_views(self, s: int, tables: object, rows: int, same_ptr: bool) -> list[Violation]:
-        persistent = self.impl.input_block_tables
+    def _check_views(
+        self, s: int, tables: object, rows: int, same_ptr: bool, out: list | None = None
+    ) -> list[Violation]:
+        persistent = self.impl.input_block_tables if out is None else out
         tables = list(tables)
         if len(tables) != self.num_groups:
             return [Violation(6, f"returned {len(tables)} tables for {self.num_groups} groups", s)]
@@ -133,15 +268,14 @@ class _Executor:
                     )
                 )
             elif not torch.equal(t.to(torch.int64), persistent[g][:rows].to(torch.int64)):
-                found.append(
-                    Violation(6, f"returned table differs from input_block_tables[:{rows}]", s, g)
-                )
+                what = "input_block_tables" if out is None else "the caller's out"
+                found.append(Violation(6, f"returned table differs from {what}[:{rows}]", s, g))
         return found
 
     def _check_slot_view(
-        self, s: int, slots: torch.Tensor, n: int, same_ptr: bool
+        self, s: int, slots: torch.Tensor, n: int, same_ptr: bool, out: torch.Tensor | None = None
     ) -> list[Violation]:
-        buf = self.impl.slot_mappings
+        buf = self.impl.slot_mappings if out is None else out
         if tuple(slots.shape) != (self.num_groups, n):
             return [
                 Violation(
@@ -161,14 +295,30 @@ class _Executor:
                 )
             ]
         if not torch.equal(slots.to(torch.int64), buf[:, :n].to(torch.int64)):
-            return [Violation(3, f"returned slot mapping differs from slot_mappings[:, :{n}]", s)]
+            what = "slot_mappings" if out is None else "the caller's out"
+            return [Violation(3, f"returned slot mapping differs from {what}[:, :{n}]", s)]
         return []
+
+    def _sentinel_tables(self) -> list[torch.Tensor]:
+        return [
+            torch.full((self.max_reqs, w), TABLE_SENTINEL, dtype=torch.int32, device=self.device)
+            for w in self.widths
+        ]
+
+    def _sentinel_slots(self) -> torch.Tensor:
+        shape = (self.num_groups, self.max_tokens)
+        return torch.full(shape, SLOT_SENTINEL, dtype=torch.int64, device=self.device)
 
     def _bulk(self) -> torch.Tensor:
         impl = self.impl
+        aux_slots = self._aux_slots if self._aux_slots is not None else self._sentinel_slots()
+        aux_tables = self._aux_tables if self._aux_tables is not None else self._sentinel_tables()
         parts = [impl.slot_mappings.reshape(-1).to(torch.int64)]
         parts += [t.reshape(-1).to(torch.int64) for t in impl.input_block_tables]
-        return torch.cat(parts)
+        parts += [aux_slots.reshape(-1)]
+        parts += [t.reshape(-1).to(torch.int64) for t in aux_tables]
+        parts += [torch.zeros(1, dtype=torch.int64, device=self.device)]
+        return torch.cat([p.to(self.device) for p in parts])
 
     def empty_bulk(self) -> torch.Tensor:
         return torch.full((self.size,), -1, dtype=torch.int64, device=self.device)
@@ -188,13 +338,48 @@ class _Executor:
 
     def split(self, parts: list[torch.Tensor]) -> tuple[np.ndarray, list[np.ndarray]]:
         """Leader side: slots `[cp, groups, max_tokens]`, per group tables `[cp, rows, width]`."""
+        return self.split_all(parts)[0]
+
+    def split_all(
+        self, parts: list[torch.Tensor]
+    ) -> tuple[tuple[np.ndarray, list[np.ndarray]], tuple[np.ndarray, list[np.ndarray]]]:
+        """Leader side: the persistent `(slots, tables)` and the caller-owned ones."""
         flat = torch.stack(parts).cpu().numpy()
+        return self._unpack(flat, 0), self._unpack(flat, self.part)
+
+    def _unpack(self, flat: np.ndarray, at: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        cp = flat.shape[0]
         n = self.num_groups * self.max_tokens
-        slots = flat[:, :n].reshape(len(parts), self.num_groups, self.max_tokens)
-        tables, at = [], n
+        slots = flat[:, at : at + n].reshape(cp, self.num_groups, self.max_tokens)
+        tables, at = [], at + n
         for w in self.widths:
-            tables.append(
-                flat[:, at : at + self.max_reqs * w].reshape(len(parts), self.max_reqs, w)
-            )
+            tables.append(flat[:, at : at + self.max_reqs * w].reshape(cp, self.max_reqs, w))
             at += self.max_reqs * w
         return slots, tables
+
+
+TABLE_SENTINEL = 0x3C3C3C3C
+"""What the harness fills caller-owned tables with: rows a gather must not touch keep it."""
+
+SLOT_SENTINEL = -0x3C3C3C3C
+"""What the harness fills a caller-owned slot buffer with: every entry must be overwritten."""
+
+
+def profile_junk(step: Step, widths: list[int], num_groups: int):
+    """Block ids and slots a profiling run writes into the views a dummy run handed out.
+
+    `(tables, slots)`: per group `[dummy_num_reqs, width]` (a random prefix of each row
+    filled with ids, the rest zero) and `[groups, dummy_num_tokens]`. Deterministic in
+    the step, so the leader knows what every rank wrote.
+    """
+    rng = np.random.default_rng(step.profile_seed)
+    n = step.dummy_num_reqs
+    tables = []
+    for w in widths:
+        t = np.zeros((n, w), dtype=np.int64)
+        cols = rng.integers(1, w + 1, n)
+        ids = rng.integers(1, 2**31 - 1, (n, w))
+        t[np.arange(w)[None, :] < cols[:, None]] = ids[np.arange(w)[None, :] < cols[:, None]]
+        tables.append(t)
+    slots = rng.integers(0, 2**40, (num_groups, step.dummy_num_tokens))
+    return tables, slots

@@ -26,12 +26,20 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Append:
-    """One `append_block_ids` call: `block_ids[g]` for every group."""
+    """One `append_block_ids` call: `block_ids[g]` for every group.
+
+    `expect_error`: the call passes some group's row capacity and must raise
+    `RuntimeError` without changing anything. `ledger`: the ids become the
+    request's blocks (False for ids that a later write of the same step
+    replaces, and for refused calls).
+    """
 
     uid: int
     row: int
     block_ids: tuple[tuple[int, ...], ...]
     overwrite: bool
+    expect_error: bool = False
+    ledger: bool = True
 
 
 @dataclass(frozen=True)
@@ -113,19 +121,33 @@ class _LifeCycle:
         self.step_index = 0
         self.real_tokens = 0
         self.hasher = hashlib.sha256()
+        # Each row's length in allocator blocks, as the appends so far leave it.
+        self.row_counts = np.zeros((self.num_groups, cfg.max_num_reqs), dtype=np.int64)
+        self.capacity = preset.max_num_blocks_per_group()
 
-    def _admit(self, step: Step) -> _Request:
+    def _admit(self, step: Step, prompt_len: int | None = None) -> _Request:
         p, rng = self.p, self.rng
         row = self.free_rows.pop(self._pick_row())
         if row in self.used_rows:
             self.corners["row_reused"] += 1
         self.used_rows.add(row)
-        far = max(self.virtual)
-        want_prefix = rng.random() < p.prefix_prob or self._overdue("prefix_cached_start")
-        short = not want_prefix and (
-            rng.random() < 0.4 or self._overdue("request_finished") or self._overdue("row_reused")
+        far = max(self.virtual, default=16)
+        want_prefix = prompt_len is None and (
+            rng.random() < p.prefix_prob or self._overdue("prefix_cached_start")
         )
-        if short:
+        short = (
+            prompt_len is None
+            and not want_prefix
+            and (
+                rng.random() < 0.4
+                or self._overdue("request_finished")
+                or self._overdue("row_reused")
+            )
+        )
+        if prompt_len is not None:
+            prompt = prompt_len
+            target = prompt + int(rng.integers(1, p.max_decode_len + 1))
+        elif short:
             prompt = int(rng.integers(1, min(32, p.max_prompt_len) + 1))
             target = prompt + int(rng.integers(1, min(8, p.max_decode_len) + 1))
         else:
@@ -149,7 +171,7 @@ class _LifeCycle:
         )
         self.running[req.uid] = req
         step.admitted.append(Finished(req.uid, row, target, prefix))
-        if self.plot_uid is None and prefix == 0 and target >= 2 * max(self.virtual):
+        if self.plot_uid is None and prefix == 0 and target >= 2 * far and prompt_len is None:
             self.plot_uid = req.uid
         return req
 
@@ -243,3 +265,87 @@ class _LifeCycle:
 
 def _name_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+
+
+class _Writes:
+    """How a step's appends reach `append_block_ids`: split, preceded, refused.
+
+    Engines stage several writes to one row in one step (a new request's blocks
+    and then its first decode block; a preempted request's append before the
+    row is overwritten) and more writes than there are requests; they also try
+    appends that do not fit, which must raise and change nothing.
+    """
+
+    def _shape_writes(self, step: Step) -> None:
+        p, rng, c = self.p, self.rng, self.corners
+        g_count = self.num_groups
+        if not g_count:
+            return
+        force_split = "writes_past_max_reqs" in p.corners and not c["writes_past_max_reqs"]
+        out: list[Append] = []
+        for a in step.appends:
+            if a.overwrite and (
+                rng.random() < p.multi_write_prob or self._overdue("append_then_overwrite")
+            ):
+                junk = self._junk_append(a)
+                if junk is not None:
+                    out.append(junk)
+                    c["append_then_overwrite"] += 1
+            splittable = any(len(ids) >= 2 for ids in a.block_ids)
+            if splittable and (
+                force_split
+                or rng.random() < p.multi_write_prob
+                or self._overdue("two_appends_one_row")
+            ):
+                cut = [
+                    int(rng.integers(1, len(ids))) if len(ids) >= 2 else 0 for ids in a.block_ids
+                ]
+                first = tuple(ids[:k] for ids, k in zip(a.block_ids, cut, strict=True))
+                second = tuple(ids[k:] for ids, k in zip(a.block_ids, cut, strict=True))
+                out.append(Append(a.uid, a.row, first, a.overwrite))
+                out.append(Append(a.uid, a.row, second, False))
+                c["two_appends_one_row"] += 1
+            else:
+                out.append(a)
+        counts = self.row_counts.copy()
+        if self.running and (rng.random() < p.overflow_prob or self._overdue("overflow_refused")):
+            at = int(rng.integers(len(out) + 1))
+            for a in out[:at]:
+                self._advance_counts(counts, a)
+            req = sorted(self.running.values(), key=lambda r: r.uid)
+            target = req[int(rng.integers(len(req)))]
+            out.insert(at, self._overflow_append(target, counts))
+            c["overflow_refused"] += 1
+            counts = self.row_counts.copy()
+        for a in out:
+            self._advance_counts(counts, a)
+        self.row_counts = counts
+        writes = sum(1 for a in out if not a.expect_error and any(a.block_ids))
+        c["writes_past_max_reqs"] += writes > self.cfg.max_num_reqs
+        step.appends = out
+
+    def _advance_counts(self, counts: np.ndarray, a: Append) -> None:
+        if a.expect_error:
+            return
+        for g, ids in enumerate(a.block_ids):
+            counts[g, a.row] = (0 if a.overwrite else counts[g, a.row]) + len(ids)
+
+    def _junk_append(self, a: Append) -> Append | None:
+        """Ids appended to the row just before `a` overwrites it (`a` must win)."""
+        junk = []
+        for g, ids in enumerate(a.block_ids):
+            k = max(min(len(ids), self.capacity[g] - int(self.row_counts[g, a.row]), 3), 0)
+            junk.append(tuple(reversed(ids[:k])))
+        if not any(junk):
+            return None
+        return Append(a.uid, a.row, tuple(junk), False, ledger=False)
+
+    def _overflow_append(self, req: _Request, counts: np.ndarray) -> Append:
+        """An append that passes one group's capacity (others would fit): must raise."""
+        bad = int(self.rng.integers(self.num_groups))
+        ids = []
+        for g in range(self.num_groups):
+            room = self.capacity[g] - int(counts[g, req.row])
+            n = room + 1 if g == bad else min(1, room)
+            ids.append(tuple([self.p.block_id_base] * n))
+        return Append(req.uid, req.row, tuple(ids), False, expect_error=True, ledger=False)

@@ -31,6 +31,7 @@ from . import checks, presets, report
 from .checks import GroupChecker, Violation
 from .dist import Comm, PeerError, RankEnv, arm_watchdog, choose_backend, disarm_watchdog
 from .executor import _Executor
+from .features import UNSUPPORTED, Accepts, constructor_kwargs, inspect_factory, missing_methods
 from .impl_loader import ImplSpecError, load_impl
 from .workload import Workload, generate
 
@@ -59,6 +60,7 @@ class VerifyOptions:
     world_size: int = 4
     spawned: bool = False
     skipped: list[str] = field(default_factory=list)
+    unsupported: list[dict] = field(default_factory=list)
 
     def agreement_fields(self) -> dict:
         return {
@@ -113,13 +115,15 @@ class _PresetRun:
         comm: Comm,
         opts: VerifyOptions,
         impl_spec: str,
-        impl_cls: type,
+        impl_cls: object,
         preset: presets.Preset,
         progress: report.Progress | None,
         totals: _RankTotals,
     ) -> None:
         self.comm, self.opts, self.preset = comm, opts, preset
         self.impl_spec, self.impl_cls = impl_spec, impl_cls
+        self.accepts: Accepts = inspect_factory(impl_cls)
+        self.unsupported: list[str] = []
         self.progress, self.totals = progress, totals
         c = preset.cp_size
         self.tgroup, self.ogroup, self.ranks = comm.cp_group(c)
@@ -132,6 +136,7 @@ class _PresetRun:
     def run(self) -> dict | None:
         t0 = time.monotonic()
         workload = generate(self.preset, self.seed)
+        self.workload_steps = workload.steps
         impl, executor, found = self._build()
         checker = GroupChecker(self.preset, workload) if self.is_leader else None
         metas = self.comm.all_gather_object(
@@ -160,6 +165,9 @@ class _PresetRun:
 
     def _build(self) -> tuple[object, _Executor | None, list[Violation]]:
         cfg = self.preset.config(self.cp_rank)
+        kwargs = constructor_kwargs(self.preset, self.cp_rank, self.accepts)
+        if self.preset.integrity_checks and "integrity_checks" not in kwargs:
+            self.unsupported.append(f"integrity_checks (SPEC.md 8.3): {UNSUPPORTED}")
         try:
             impl = self.impl_cls(
                 cfg.block_sizes,
@@ -167,17 +175,14 @@ class _PresetRun:
                 cfg.max_num_batched_tokens,
                 cfg.max_num_blocks_per_group,
                 self.comm.device,
-                cp_size=cfg.cp_size,
-                cp_rank=cfg.cp_rank,
-                cp_interleave=cfg.cp_interleave,
-                slot_mapping_enabled=cfg.slot_mapping_enabled,
-                dcp_sharded=cfg.dcp_sharded,
-                sliding_window_reach=cfg.sliding_window_reach,
+                **kwargs,
             )
             executor = _Executor(impl, self.preset, self.comm.device)
             found = executor.check_buffers()
         except Exception as e:  # noqa: BLE001 - whatever the implementation raises is a finding
             return None, None, [self._error(-1, "constructor", e)]
+        if any(s.fused_read for s in self.workload_steps):
+            self.unsupported += [f"{m}: {UNSUPPORTED}" for m in missing_methods(impl)]
         for v in found:
             v.rank = self.cp_rank
         return impl, (None if found else executor), found
@@ -231,9 +236,10 @@ class _PresetRun:
             self.totals.steps += 1
             self.totals.tokens += step.num_tokens if step.kind == "real" else 0
             if checker is not None:
-                slots, tables = executor.split(parts)
+                (slots, tables), aux = executor.split_all(parts)
                 local = [Violation(**v) for m in metas for v in m["found"]]
-                checker.check_step(step, slots, tables, local, [m["digest"] for m in metas])
+                digests = [m["digest"] for m in metas]
+                checker.check_step(step, slots, tables, local, digests, aux)
             if self.progress is not None:
                 self.progress.advance(1, f"{self.preset.name} step {step.index}")
             if any(m["error"] for m in metas) or (metas[0]["failed"] and not self.opts.keep_going):
@@ -281,6 +287,7 @@ class _PresetRun:
             "promised": sorted(p.corners),
             "missing_corners": workload.missing_corners(),
             "coverage_enforced": enforced,
+            "unsupported": self.unsupported,
             "stats": checker.stat_rows(self.ranks),
             "violation_counts": {str(k): v for k, v in sorted(checker.counts.items())},
             "violations": [v.as_dict() for v in checker.violations],
@@ -341,7 +348,17 @@ def _run(comm: Comm, opts: VerifyOptions, t0: float) -> int:
     totals = _RankTotals()
     results = []
     for spec, cls in loaded:
+        accepts = inspect_factory(cls)
         for i, p in enumerate(chosen):
+            missing = accepts.missing(p)
+            if missing:
+                needs = "; ".join(f"{k} for {why}" for k, why in missing.items())
+                opts.unsupported.append(
+                    {"impl": spec, "preset": p.name, "what": f"{UNSUPPORTED} (needs {needs})"}
+                )
+                if progress is not None:
+                    progress.advance(p.num_steps)
+                continue
             result = _PresetRun(comm, opts, spec, cls, p, progress, totals).run()
             results.append(result)
             if opts.fail_fast and _any_failed(comm, result, p.name):

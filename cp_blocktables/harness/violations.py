@@ -16,6 +16,7 @@ CHECKS = {
     5: "KV round trip: every position read back once, on its owner, no foreign token",
     6: "gathered block tables: copied rows, zero dummy/padding/stale rows, window masking",
     7: "configs, workload and block tables agree across ranks",
+    8: "an append past a row's capacity raises RuntimeError and changes nothing",
 }
 
 _TAG_SHIFT = 40

@@ -29,6 +29,7 @@ from .lifecycle import (  # noqa: F401 - Append, Finished, Release are re-export
     Release,
     _LifeCycle,
     _Request,
+    _Writes,
 )
 from .presets import Preset
 
@@ -45,7 +46,15 @@ class Step:
     Arrays: `idx_mapping` int32 `[num_reqs]` (row or -1), `uids` int64
     `[num_reqs]` (-1 for dummies), `query_start_loc` int32 `[num_reqs + 1]`,
     `positions` int64 `[>= num_tokens_padded]`, `num_computed_tokens` int32
-    `[max_num_reqs]` by row, or None when no group has a window configured.
+    `[max_num_reqs]` by row when the gather is given it, else None
+    (`nct_rows` holds the values either way).
+
+    Argument paths: `gather_out` 0 (persistent tables), 1 (caller-owned
+    `out`), 2 (`out` and `out_ptrs`); `slot_out` (caller-owned `out` for the
+    slot mappings); `fused_read` (`gather_and_compute_slot_mappings` where the
+    implementation has it). A dummy step with `profile` writes block ids and
+    slots (from `profile_seed`) into the views it was handed, as a profiling
+    run does, before the next real step.
     """
 
     index: int
@@ -63,6 +72,12 @@ class Step:
     finished: list[Finished] = field(default_factory=list)
     dummy_num_reqs: int = 0
     dummy_num_tokens: int = 0
+    nct_rows: np.ndarray | None = None
+    gather_out: int = 0
+    slot_out: bool = False
+    fused_read: bool = False
+    profile: bool = False
+    profile_seed: int = 0
 
     @property
     def num_reqs(self) -> int:
@@ -95,7 +110,7 @@ class Workload:
         return sorted(c for c in self.preset.corners if self.corners.get(c, 0) == 0)
 
 
-class _Generator(_LifeCycle):
+class _Generator(_LifeCycle, _Writes):
     # ------------------------------------------------------------ steps
 
     def run(self) -> Workload:
@@ -108,7 +123,11 @@ class _Generator(_LifeCycle):
             elif (
                 0 < s < p.num_steps - 1
                 and steps[-1].kind == "real"
-                and (self.rng.random() < p.dummy_run_prob or self._overdue("dummy_run"))
+                and (
+                    self.rng.random() < p.dummy_run_prob
+                    or self._overdue("dummy_run")
+                    or self._overdue("profiling_writes")
+                )
             ):
                 step = self._dummy_step(s)
             else:
@@ -134,9 +153,18 @@ class _Generator(_LifeCycle):
         self.corners["dummy_run"] += 1
         n_reqs = int(self.rng.integers(1, self.cfg.max_num_reqs + 1))
         n_tokens = int(self.rng.integers(1, self.cfg.max_num_batched_tokens + 1))
-        self.rows_high = 0
+        profile = bool(self.rng.random() < self.p.profile_prob or self._overdue("profiling_writes"))
+        self.corners["profiling_writes"] += profile
+        self.rows_high = n_reqs  # the rows it hands out count as written (SPEC.md section 3)
         self.prev_num_tokens = self.cfg.max_num_batched_tokens
-        return Step(index=s, kind="dummy", dummy_num_reqs=n_reqs, dummy_num_tokens=n_tokens)
+        return Step(
+            index=s,
+            kind="dummy",
+            dummy_num_reqs=n_reqs,
+            dummy_num_tokens=n_tokens,
+            profile=profile,
+            profile_seed=int(self.rng.integers(2**31)),
+        )
 
     def _warmup_step(self, s: int) -> Step:
         """Rows get made-up block ids while writes go to the null block; they stay free."""
@@ -144,15 +172,18 @@ class _Generator(_LifeCycle):
         rng, cfg = self.rng, self.cfg
         rows = rng.permutation(cfg.max_num_reqs)[: self.p.max_batch_reqs]
         entries, appends = [], []
+        m = max((self.p.kernel_factor(g) for g in range(self.num_groups)), default=1)
+        top = (2**31 - 1) // m  # every kernel id of a made-up block fits int32
         for row in rows.tolist():
             n_blocks = int(rng.integers(1, 4))
             ids = tuple(
-                tuple(int(x) for x in rng.integers(1, 2**31 - 1, n_blocks))
+                tuple(int(x) for x in rng.integers(1, top, n_blocks))
                 for _ in range(self.num_groups)
             )
             uid = self._new_uid()
             appends.append(Append(uid, row, ids, True))
-            span = min(n_blocks * v for v in self.virtual)
+            self._advance_counts(self.row_counts, appends[-1])
+            span = min((n_blocks * v for v in self.virtual), default=8)
             n = int(rng.integers(1, min(span, 8) + 1))
             entries.append((uid, row, 0, n))
             self.used_rows.add(row)
@@ -169,6 +200,7 @@ class _Generator(_LifeCycle):
             entries.append((req.uid, req.row, req.nct, n))
             self.nct_rows[req.row] = req.nct
         self._count_step_corners(scheduled)
+        self._shape_writes(step)
         step = self._batch(step, entries)
         self._advance(step, scheduled)
         return step
@@ -179,7 +211,9 @@ class _Generator(_LifeCycle):
         """Running requests and admissions, in either order, within a token budget."""
         p, rng = self.p, self.rng
         cap = p.max_num_batched_tokens - 16
-        if p.fill_batches:
+        if p.giant_prefill and self.prev_num_tokens > p.giant_prefill:
+            budget = int(rng.integers(1, 64))  # a step far smaller than the one before
+        elif p.fill_batches or self._overdue("full_batch") or self._overdue("writes_past_max_reqs"):
             budget = cap
         elif rng.random() < 0.3:
             budget = int(rng.integers(1, 9))
@@ -187,6 +221,10 @@ class _Generator(_LifeCycle):
             budget = int(rng.integers(1, cap + 1))
         scheduled: list[tuple[_Request, int]] = []
         running = sorted(self.running.values(), key=lambda r: r.uid)
+        if p.giant_prefill and not self.corners["giant_request_step"] and self.free_rows:
+            req = self._admit(step, prompt_len=p.giant_prefill)
+            scheduled.append((req, p.giant_prefill))
+            budget -= p.giant_prefill
         starving = any(
             self._overdue(c)
             for c in ("request_finished", "row_reused", "block_reused", "prefix_cached_start")
@@ -214,6 +252,8 @@ class _Generator(_LifeCycle):
             and (
                 rng.random() < (0.7 if len(self.running) < p.max_batch_reqs else 0.15)
                 or p.fill_batches
+                or self._overdue("full_batch")
+                or self._overdue("writes_past_max_reqs")
             )
         ):
             req = self._admit(step)
@@ -279,15 +319,42 @@ class _Generator(_LifeCycle):
         step.query_start_loc = qsl
         step.num_tokens_padded = ntp
         step.num_reqs_padded = nrp
-        step.num_computed_tokens = self.nct_rows.copy() if self.pass_nct else None
+        step.nct_rows = self.nct_rows.copy()
+        self._choose_paths(step)
         self._count_shape_corners(step, tail)
         return step
+
+    def _choose_paths(self, step: Step) -> None:
+        """Which optional arguments this step's gather and slot mapping get."""
+        p, rng, c = self.p, self.rng, self.corners
+        nct = rng.random() < (p.nct_prob if self.pass_nct else 0.3)
+        if self._overdue("nct_absent"):
+            nct = False
+        elif self._overdue("nct_present"):
+            nct = True
+        step.num_computed_tokens = step.nct_rows.copy() if nct else None
+        c["nct_present" if nct else "nct_absent"] += 1
+        if rng.random() < p.fused_read_prob or self._overdue("fused_read"):
+            step.fused_read = True
+            c["fused_read"] += 1
+            return
+        if rng.random() < p.out_prob or self._overdue("gather_out"):
+            step.gather_out = 1
+        if rng.random() < p.out_prob or self._overdue("gather_out_ptrs"):
+            step.gather_out = 2
+        if rng.random() < p.out_prob or self._overdue("slot_out"):
+            step.slot_out = True
+        c["gather_out"] += step.gather_out == 1
+        c["gather_out_ptrs"] += step.gather_out == 2
+        c["slot_out"] += step.slot_out
 
     def _count_shape_corners(self, step: Step, tail: np.ndarray) -> None:
         c = self.corners
         c["padded_tokens"] += step.num_tokens_padded > step.num_tokens
         c["padded_reqs"] += step.num_reqs_padded > step.num_reqs
         c["smaller_step"] += step.num_tokens < self.prev_num_tokens
+        c["giant_shrink"] += step.num_tokens + 8192 < self.prev_num_tokens
+        c["full_batch"] += step.num_reqs == self.cfg.max_num_reqs
         c["smaller_batch"] += step.num_reqs_padded < self.rows_high
         c["positions_tail_garbage"] += bool(tail.any())
         rows = step.idx_mapping[step.idx_mapping >= 0]
@@ -296,11 +363,13 @@ class _Generator(_LifeCycle):
         self.rows_high = max(self.rows_high, step.num_reqs_padded)
 
     def _count_step_corners(self, scheduled: list[tuple[_Request, int]]) -> None:
-        cfg, c = self.cfg, self.corners
+        cfg, c, p = self.cfg, self.corners, self.p
+        kernel = cfg.kernel_block_sizes
+        m = [p.kernel_factor(g) for g in range(self.num_groups)]
         if cfg.cp_size > 1:
             for g in range(self.num_groups):
                 if cfg.dcp_sharded[g]:
-                    i, bs = cfg.cp_interleave, cfg.block_sizes[g]
+                    i, bs = cfg.cp_interleave, kernel[g]
                     c[
                         "interleave_1"
                         if i == 1
@@ -308,6 +377,7 @@ class _Generator(_LifeCycle):
                         if i == bs
                         else "interleave_between"
                     ] += 1
+                    c["interleave_eq_kernel"] += i == bs and m[g] > 1
             kinds = {
                 (
                     "disabled"
@@ -321,16 +391,23 @@ class _Generator(_LifeCycle):
             c["mixed_groups"] += len(kinds) == 3
             c["window_configured_under_cp"] += self.pass_nct
         c["several_block_sizes"] += len(set(cfg.block_sizes)) > 1
+        c["zero_groups"] += self.num_groups == 0
+        c["one_group"] += self.num_groups == 1
+        c["many_groups"] += self.num_groups >= 5
+        c["kernel_blocks"] += any(x > 1 for x in m)
+        c["kernel_blocks_mixed"] += any(x > 1 for x in m) and any(x == 1 for x in m)
         for req, n in scheduled:
             self.real_tokens += n
+            c["giant_request_step"] += n > 8192
             for g in range(self.num_groups):
-                w, bs = self.reach[g], cfg.block_sizes[g]
+                w, bs = self.reach[g], kernel[g]
                 if w and req.nct > w and (req.nct - w) % bs == 0:
                     c["window_boundary"] += 1
+                c["wide_row"] += len(req.blocks[g]) * m[g] > 2048
                 if cfg.slot_mapping_enabled[g]:
                     cols = np.arange(req.nct, req.nct + n) // self.virtual[g]
                     blocks = np.asarray(req.blocks[g], dtype=np.int64)[cols]
-                    c["slot_past_2_31"] += int((blocks * bs >= 2**31).sum())
+                    c["slot_past_2_31"] += int((blocks * cfg.block_sizes[g] >= 2**31).sum())
 
     def _digest(self, step: Step) -> None:
         h = self.hasher
@@ -343,7 +420,9 @@ class _Generator(_LifeCycle):
                     step.num_reqs_padded,
                     step.dummy_num_reqs,
                     step.dummy_num_tokens,
-                    [(a.row, a.overwrite, a.block_ids) for a in step.appends],
+                    [(a.row, a.overwrite, a.block_ids, a.expect_error) for a in step.appends],
+                    (step.gather_out, step.slot_out, step.fused_read),
+                    (step.profile, step.profile_seed),
                 )
             ).encode()
         )
