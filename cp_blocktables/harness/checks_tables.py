@@ -144,7 +144,8 @@ class _TableChecks:
             v.what = f"dummy row {b} is not zero"
         else:
             v.row, v.request = int(step.idx_mapping[b]), int(step.uids[b])
-            unmasked = self.refs[0].gathered_block_tables(step.idx_mapping, b + 1, None)[g][0]
+            rows = len(step.idx_mapping)
+            unmasked = self.refs[0].gathered_block_tables(step.idx_mapping, rows, None)[g][0]
             if values[b, j] == NULL_BLOCK_ID and unmasked[b, j] != NULL_BLOCK_ID:
                 w, bs = self.reach[g], self.kernel_sizes[g]
                 nct = int(step.num_computed_tokens[v.row])
