@@ -110,9 +110,7 @@ def test_report_junit_and_plot(tmp_path):
 def test_a_preset_run_as_defined_enforces_and_reaches_its_corners(tmp_path):
     """No --steps: the promise is enforced, and every promised corner was reached."""
     report = tmp_path / "report.json"
-    proc = run_cli(
-        ["verify", "--world-size", "2", "--preset", "groups-1", "--report", str(report)]
-    )
+    proc = run_cli(["verify", "--world-size", "2", "--preset", "groups-1", "--report", str(report)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (result,) = json.loads(report.read_text())["results"]
     assert result["coverage_enforced"] is True
