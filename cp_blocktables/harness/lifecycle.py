@@ -117,6 +117,7 @@ class _LifeCycle:
         self.nct_rows = np.zeros(cfg.max_num_reqs, dtype=np.int32)
         self.prev_num_tokens = 0
         self.rows_high = 0
+        self.profiled_rows = 0  # rows the last dummy run handed to a profiling pass
         self.plot_uid: int | None = None
         self.step_index = 0
         self.real_tokens = 0

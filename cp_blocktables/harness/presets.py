@@ -61,6 +61,7 @@ CORNERS = (
     "nct_present",
     "nct_absent",
     "profiling_writes",
+    "profiled_rows_reclaimed",
     "overflow_refused",
     "fused_read",
     "zero_groups",
@@ -304,6 +305,7 @@ _register(
         spec_tokens=3,
         warmup_steps=1,
         corners=_COMMON
+        | {"profiled_rows_reclaimed"}
         | {
             "interleave_between",
             "mixed_groups",
@@ -341,6 +343,7 @@ _register(
         block_id_base=2**27 + 3,
         warmup_steps=1,
         corners=_COMMON
+        | {"profiled_rows_reclaimed"}
         | {
             "several_block_sizes",
             "spec_decode",
@@ -375,6 +378,7 @@ _register(
         max_decode_len=40,
         spec_tokens=2,
         corners=_COMMON
+        | {"profiled_rows_reclaimed"}
         | {"interleave_1", "mixed_groups", "several_block_sizes", "spec_decode", "spec_rejected"},
     )
 )
@@ -414,7 +418,7 @@ _register(
         groups=(GroupSpec(16), GroupSpec(64), GroupSpec(16, sharded=False, enabled=False)),
         cp_size=8,
         cp_interleave=2,
-        num_steps=22,
+        num_steps=25,
         max_num_reqs=16,
         max_num_batched_tokens=256,
         max_model_len=2048,
@@ -552,7 +556,7 @@ _register(
         groups=(GroupSpec(16),),
         cp_size=2,
         cp_interleave=2,
-        num_steps=12,
+        num_steps=18,
         max_num_reqs=4,
         max_num_batched_tokens=256,
         max_model_len=1024,

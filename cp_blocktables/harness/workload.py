@@ -155,6 +155,9 @@ class _Generator(_LifeCycle, _Writes):
         n_tokens = int(self.rng.integers(1, self.cfg.max_num_batched_tokens + 1))
         profile = bool(self.rng.random() < self.p.profile_prob or self._overdue("profiling_writes"))
         self.corners["profiling_writes"] += profile
+        if profile and self.rng.random() < 0.7:
+            n_reqs = self.cfg.max_num_reqs  # a profiling run takes every row, as engines do
+        self.profiled_rows = n_reqs if profile else 0
         self.rows_high = n_reqs  # the rows it hands out count as written (SPEC.md section 3)
         self.prev_num_tokens = self.cfg.max_num_batched_tokens
         return Step(
@@ -352,6 +355,8 @@ class _Generator(_LifeCycle, _Writes):
         c = self.corners
         c["padded_tokens"] += step.num_tokens_padded > step.num_tokens
         c["padded_reqs"] += step.num_reqs_padded > step.num_reqs
+        c["profiled_rows_reclaimed"] += step.num_reqs_padded < self.profiled_rows
+        self.profiled_rows = 0
         c["smaller_step"] += step.num_tokens < self.prev_num_tokens
         c["giant_shrink"] += step.num_tokens + 8192 < self.prev_num_tokens
         c["full_batch"] += step.num_reqs == self.cfg.max_num_reqs
