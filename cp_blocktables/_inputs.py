@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from . import guards
 from .contract import INT32_MAX, BlockTablesConfig
 
 
@@ -92,6 +93,7 @@ class InputChecks:
         self.index_tensor("query_start_loc", query_start_loc, exact_len=num_reqs + 1)
         self.index_tensor("positions", positions)
         buf = default if out is None else self.out_slots(out)
+        guards.check_rows_disjoint(buf, "out")
         if not 0 <= num_tokens_padded <= buf.shape[1]:
             raise ValueError(
                 f"num_tokens_padded must lie in [0, {buf.shape[1]}] (the output "

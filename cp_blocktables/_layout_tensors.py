@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import kernels
+from . import guards, kernels
 from .contract import PAD_SLOT_ID
 
 
@@ -52,6 +52,7 @@ class LayoutTensors:
         cfg = self.config
         tables = [t.gpu for t in self.block_tables]
         inputs = self.input_block_tables
+        guards.check_layout(tables, inputs, self.max_num_reqs, self.device)
         put = self._put
         put("block_table_ptrs", [t.data_ptr() for t in tables], torch.uint64)  # [num_groups]
         put("block_table_strides", [t.stride(0) for t in tables], torch.int64)
@@ -62,6 +63,8 @@ class LayoutTensors:
         put("kernel_block_sizes_tensor", cfg.kernel_block_sizes, torch.int64)
         put("dcp_sharded", cfg.dcp_sharded, torch.bool)
         put("sliding_window_reach_tensor", self.sliding_window_reach, torch.int64)
+        # Slots below these lie in the null KV block (integrity checks exempt them).
+        put("_null_slot_floors", cfg.block_sizes, torch.int64)
         self._max_width = max((t.shape[1] for t in tables), default=1)
         old = self.__dict__.get("_layout")
         self._layout = kernels.GroupLayout.build(
@@ -78,4 +81,3 @@ class LayoutTensors:
             t.zero_()
         self._input_rows_written = 0
         self.slot_mappings.fill_(PAD_SLOT_ID)
-        # State of the integrity checks (SPEC.md 8.3), once they exist, is rebuilt here too.

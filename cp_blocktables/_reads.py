@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import kernels
+from . import guards, integrity, kernels
 from .contract import PAD_SLOT_ID
 
 
@@ -48,6 +48,7 @@ class ForwardPassReads:
             num_rows = self._claim_input_rows(num_reqs_padded)
         else:
             dst = self._inputs.out_tables(out, num_reqs_padded)
+            guards.check_out_tables(dst, out_ptrs, self.device)
             dst_ptrs = (
                 out_ptrs
                 if out_ptrs is not None
@@ -60,7 +61,8 @@ class ForwardPassReads:
                 *self._gather_args(idx_mapping, num_rows, dst_ptrs, dst_strides),
                 self._window_mask(num_computed_tokens),
             )
-        # SPEC.md 8.3: the gather's integrity checks (rows vs their sources) belong here.
+        if self.integrity_checks:
+            self._check_gathered(dst, idx_mapping, num_computed_tokens)
         return tuple(t[:num_reqs_padded] for t in dst)
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
@@ -145,7 +147,8 @@ class ForwardPassReads:
             self.cp_interleave,
             buf,
         )
-        # SPEC.md 8.3: the slot mapping's integrity checks (no negative or shared slot) go here.
+        if self.integrity_checks:
+            self._check_slots(buf, query_start_loc, idx_mapping, positions, num_tokens_padded)
         return buf[:, :num_tokens_padded]
 
     # ------------------------------------------------------------ both reads
@@ -189,9 +192,38 @@ class ForwardPassReads:
                 self.cp_interleave,
                 buf,
             )
-        # SPEC.md 8.3: both reads' integrity checks belong here, as in the two methods.
+        if self.integrity_checks:  # the same checks, in the same order, as the two calls
+            self._check_gathered(self.input_block_tables, idx_mapping, num_computed_tokens)
+            self._check_slots(buf, query_start_loc, idx_mapping, positions, num_tokens_padded)
         tables = tuple(t[:num_reqs_padded] for t in self.input_block_tables)
         return tables, buf[:, :num_tokens_padded]
+
+    # ------------------------------------------------------------ integrity (SPEC.md 8.3)
+
+    def _check_gathered(
+        self,
+        dst: Sequence[torch.Tensor],
+        idx_mapping: torch.Tensor,
+        num_computed_tokens: torch.Tensor | None,
+    ) -> None:
+        integrity.check_gathered_block_tables(
+            dst, [t.gpu for t in self.block_tables], idx_mapping, self.num_blocks.gpu,
+            self.num_blocks.np, self.kernel_block_sizes, self.sliding_window_reach,
+            num_computed_tokens,
+        )  # fmt: skip
+
+    def _check_slots(
+        self,
+        buf: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        idx_mapping: torch.Tensor,
+        positions: torch.Tensor,
+        num_tokens_padded: int,
+    ) -> None:
+        integrity.check_slot_mappings(
+            buf, query_start_loc, idx_mapping, positions, self._null_slot_floors,
+            num_tokens_padded,
+        )  # fmt: skip
 
     def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
         """Fill the persistent buffer with `PAD_SLOT_ID`; returns `[:, :num_tokens]`."""

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from . import integrity
 from ._inputs import InputChecks
 from ._layout_tensors import LayoutTensors
 from ._reads import ForwardPassReads
@@ -80,6 +81,7 @@ class BlockTables(LayoutTensors, ForwardPassReads):
         dcp_sharded: list[bool] | None = None,
         sliding_window_reach: list[int] | None = None,
         kernel_block_sizes: list[int] | None = None,
+        integrity_checks: bool = False,
     ) -> None:
         cfg = BlockTablesConfig(
             block_sizes,
@@ -111,6 +113,8 @@ class BlockTables(LayoutTensors, ForwardPassReads):
         self.slot_mapping_enabled = cfg.slot_mapping_enabled
         self.sliding_window_reach = cfg.effective_sliding_window_reach()
         self._any_reach = any(self.sliding_window_reach)
+        # SPEC 8.3; also on under CPBT_INTEGRITY_CHECKS=1. See integrity.py.
+        self.integrity_checks = integrity.enabled(integrity_checks)
         num_groups = self.num_kv_cache_groups
         # Kernel blocks per allocator block, and the row capacity in kernel blocks.
         self._kernel_factors = [cfg.kernel_blocks_per_block(g) for g in range(num_groups)]

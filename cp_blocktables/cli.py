@@ -7,7 +7,7 @@ Subcommands live in `SUBCOMMANDS`: a name maps to a help line, a function
 that adds its arguments to its parser, and a function that runs it and
 returns the exit code. `bench` has its own registry of actions,
 `BENCH_ACTIONS` (`harness`, `kernels`, `plugin`), built the same way, and so
-has `drill` (`DRILL_ACTIONS`: `null-block`, `faults`).
+has `drill` (`DRILL_ACTIONS`: `null-block`, `wake-up`, `faults`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import presets
-from .impl_loader import DEFAULT_IMPL, ImplSpecError, load_impl
+from .harness import presets
+from .harness.impl_loader import DEFAULT_IMPL, ImplSpecError, load_impl
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def _add_world_arguments(p: argparse.ArgumentParser) -> None:
 def _rank_env(args: argparse.Namespace):
     """The torchrun environment (None when the ranks are to be spawned), after
     checking --device and --backend against the machine."""
-    from .dist import RankEnv
+    from .harness.dist import RankEnv
 
     try:
         env = RankEnv.from_environ()
@@ -175,7 +175,7 @@ def _cuda_visible() -> bool:
 
 def verify_options(args: argparse.Namespace):
     """`VerifyOptions` from parsed arguments, checked for the world it will run in."""
-    from .runner import VerifyOptions, plan
+    from .harness.runner import VerifyOptions, plan
 
     env = _rank_env(args)
     opts = VerifyOptions(
@@ -217,8 +217,8 @@ def run_verify(args: argparse.Namespace) -> int:
             print(f"{alias:<16} = {' '.join(names)}")
         return 0
     opts = verify_options(args)
-    from .dist import spawn_local
-    from .runner import run_rank
+    from .harness.dist import spawn_local
+    from .harness.runner import run_rank
 
     if not opts.spawned:
         return run_rank(opts)
@@ -240,7 +240,7 @@ def _add_bench_harness_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_harness(args: argparse.Namespace) -> int:
-    from .harness_bench import HarnessBench, bench_harness
+    from .bench.harness import HarnessBench, bench_harness
 
     if args.device == "cuda" and not _cuda_visible():
         raise UsageError("--device cuda: no CUDA device is visible")
@@ -259,13 +259,13 @@ def _bench_harness(args: argparse.Namespace) -> int:
 
 
 def _add_bench_kernels_arguments(p: argparse.ArgumentParser) -> None:
-    from .bench import add_bench_kernels_arguments
+    from .bench.kernels import add_bench_kernels_arguments
 
     add_bench_kernels_arguments(p)
 
 
 def _bench_kernels(args: argparse.Namespace) -> int:
-    from .bench import bench_kernels_command
+    from .bench.kernels import bench_kernels_command
 
     return bench_kernels_command(args)
 
@@ -275,7 +275,7 @@ def _add_bench_plugin_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _bench_plugin(args: argparse.Namespace) -> int:
-    from ._plugin_bench import bench_plugin_overhead
+    from .bench.plugin import bench_plugin_overhead
 
     figures = bench_plugin_overhead(args.tests)
     for name, value in figures.items():
@@ -371,7 +371,7 @@ def _add_drill_null_block_arguments(p: argparse.ArgumentParser) -> None:
 
 def drill_options(args: argparse.Namespace):
     """`DrillOptions` from parsed arguments, checked for the world it will run in."""
-    from .drills import DrillOptions, plan
+    from .drills.options import DrillOptions, plan
 
     env = _rank_env(args)
     world = args.world_size or (max(args.sizes) if args.sizes else 4)
@@ -391,23 +391,35 @@ def drill_options(args: argparse.Namespace):
         quiet=args.quiet,
         world_size=env.world_size if env else world,
         spawned=env is None,
+        drill=args.action,
+        cycles=getattr(args, "cycles", 2),
     )
     _check_plan(opts, plan)
     return opts
 
 
-def _drill_null_block(args: argparse.Namespace) -> int:
+def _drill_live_state(args: argparse.Namespace) -> int:
     opts = drill_options(args)
-    from .dist import spawn_local
-    from .drills import run_drill_rank
+    from .drills.driver import run_drill_rank
+    from .harness.dist import spawn_local
 
     if not opts.spawned:
         return run_drill_rank(opts)
     return spawn_local(opts.world_size, lambda: run_drill_rank(opts), opts.timeout)
 
 
+def _add_drill_wake_up_arguments(p: argparse.ArgumentParser) -> None:
+    _add_drill_null_block_arguments(p)
+    p.add_argument(
+        "--cycles",
+        type=_positive(int),
+        default=2,
+        help="sleeps inside each serve phase (default 2; serve 2 adds one before its first step)",
+    )
+
+
 def _add_drill_faults_arguments(p: argparse.ArgumentParser) -> None:
-    from .fault_drill import SCENARIOS
+    from .drills.faults import SCENARIOS
 
     p.add_argument("--nproc", type=_positive(int), default=2, help="ranks per run (default 2)")
     p.add_argument(
@@ -429,7 +441,7 @@ def _add_drill_faults_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _drill_faults(args: argparse.Namespace) -> int:
-    from .fault_drill import FaultDrillOptions, run_fault_drill
+    from .drills.faults import FaultDrillOptions, run_fault_drill
 
     if args.nproc < 2:
         raise UsageError(
@@ -457,7 +469,13 @@ DRILL_ACTIONS: dict[str, Subcommand] = {
     "null-block": Subcommand(
         "the elastic-EP warm-up on live state: no live KV touched, every check before and after",
         _add_drill_null_block_arguments,
-        _drill_null_block,
+        _drill_live_state,
+    ),
+    "wake-up": Subcommand(
+        "sleep mode on live state: device memory overwritten, the engine's wake-up, every "
+        "check after it",
+        _add_drill_wake_up_arguments,
+        _drill_live_state,
     ),
     "faults": Subcommand(
         "ranks that raise, restart, hang or disagree under torchrun: ended, named, nothing left",
@@ -477,7 +495,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "benchmarks: harness, kernels, plugin", _actions_parser(BENCH_ACTIONS), _run_action
     ),
     "drill": Subcommand(
-        "drills: the null-block warm-up on live state, and rank faults",
+        "drills: the null-block warm-up and sleep/wake-up on live state, and rank faults",
         _actions_parser(DRILL_ACTIONS),
         _run_action,
     ),

@@ -1,0 +1,444 @@
+"""The seeded multi-step workload every rank of a CP group replays.
+
+`generate(preset, seed)` plays a small scheduler: it admits requests into free
+rows (rows of finished requests are reused with `overwrite=True`), gives them
+blocks from a per-group allocator (freed blocks go to other requests), runs
+chunked prefill, decode and speculative decode with rejected drafts, frees
+sliding-window blocks that fall wholly below the window, and shapes each batch
+the way an engine does: shuffled batch order, dummy requests, padded token and
+request counts, dummy runs and a warm-up with writes redirected to the null
+block. It knows nothing about CP ranks: every rank gets the same block ids
+(the harness simulates one KV cache per rank, so the same id names that
+rank's own physical block).
+
+Determinism: the output depends only on `(preset, seed)`, so every rank
+generates it alone and the ranks compare `Workload.digest` before they start.
+Every corner of SPEC.md section 6 that a step reaches is counted in
+`Workload.corners`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .lifecycle import (  # noqa: F401 - Append, Finished, Release are re-exported
+    Append,
+    Finished,
+    Release,
+    _LifeCycle,
+    _Request,
+    _Writes,
+)
+from .presets import Preset
+
+_GARBAGE = 2**40
+"""Upper bound of the junk written where the contract says a value is never read."""
+
+
+@dataclass
+class Step:
+    """One engine step as the harness drives it.
+
+    `kind` is "real" (append, apply, gather, compute), "warmup" (the same with
+    `redirect_writes_to_null_block` set) or "dummy" (`get_dummy_*` only).
+    Arrays: `idx_mapping` int32 `[num_reqs]` (row or -1), `uids` int64
+    `[num_reqs]` (-1 for dummies), `query_start_loc` int32 `[num_reqs + 1]`,
+    `positions` int64 `[>= num_tokens_padded]`, `num_computed_tokens` int32
+    `[max_num_reqs]` by row when the gather is given it, else None
+    (`nct_rows` holds the values either way).
+
+    Argument paths: `gather_out` 0 (persistent tables), 1 (caller-owned
+    `out`), 2 (`out` and `out_ptrs`); `slot_out` (caller-owned `out` for the
+    slot mappings); `fused_read` (`gather_and_compute_slot_mappings` where the
+    implementation has it). A dummy step with `profile` writes block ids and
+    slots (from `profile_seed`) into the views it was handed, as a profiling
+    run does, before the next real step.
+    """
+
+    index: int
+    kind: str
+    releases: list[Release] = field(default_factory=list)
+    appends: list[Append] = field(default_factory=list)
+    admitted: list[Finished] = field(default_factory=list)
+    idx_mapping: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    uids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    query_start_loc: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int32))
+    positions: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    num_tokens_padded: int = 0
+    num_reqs_padded: int = 0
+    num_computed_tokens: np.ndarray | None = None
+    finished: list[Finished] = field(default_factory=list)
+    dummy_num_reqs: int = 0
+    dummy_num_tokens: int = 0
+    nct_rows: np.ndarray | None = None
+    gather_out: int = 0
+    slot_out: bool = False
+    fused_read: bool = False
+    profile: bool = False
+    profile_seed: int = 0
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.idx_mapping)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.query_start_loc[-1])
+
+    def token_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per real-or-dummy token of the batch: its row and its request uid, `[num_tokens]`."""
+        counts = np.diff(self.query_start_loc.astype(np.int64))
+        return (np.repeat(self.idx_mapping.astype(np.int64), counts), np.repeat(self.uids, counts))
+
+
+@dataclass
+class Workload:
+    """The steps of one CP group's run, the corners they reach, and their digest."""
+
+    preset: Preset
+    seed: int
+    steps: list[Step]
+    corners: dict[str, int]
+    digest: str
+    unfinished: list[Finished]
+    plot_uid: int | None
+    num_real_tokens: int
+
+    def missing_corners(self) -> list[str]:
+        return sorted(c for c in self.preset.corners if self.corners.get(c, 0) == 0)
+
+
+class _Generator(_LifeCycle, _Writes):
+    # ------------------------------------------------------------ steps
+
+    def run(self) -> Workload:
+        steps = []
+        p = self.p
+        for s in range(p.num_steps):
+            self.step_index = s
+            if s < p.warmup_steps:
+                step = self._warmup_step(s)
+            elif (
+                0 < s < p.num_steps - 1
+                and steps[-1].kind == "real"
+                and (
+                    self.rng.random() < p.dummy_run_prob
+                    or self._overdue("dummy_run")
+                    or self._overdue("profiling_writes")
+                )
+            ):
+                step = self._dummy_step(s)
+            else:
+                step = self._real_step(s)
+            self._digest(step)
+            steps.append(step)
+        unfinished = [
+            Finished(r.uid, r.row, r.nct, r.prefix_len)
+            for r in sorted(self.running.values(), key=lambda r: r.uid)
+        ]
+        return Workload(
+            p,
+            0,
+            steps,
+            dict(self.corners),
+            self.hasher.hexdigest(),
+            unfinished,
+            self.plot_uid,
+            self.real_tokens,
+        )
+
+    def _dummy_step(self, s: int) -> Step:
+        self.corners["dummy_run"] += 1
+        n_reqs = int(self.rng.integers(1, self.cfg.max_num_reqs + 1))
+        n_tokens = int(self.rng.integers(1, self.cfg.max_num_batched_tokens + 1))
+        profile = bool(self.rng.random() < self.p.profile_prob or self._overdue("profiling_writes"))
+        self.corners["profiling_writes"] += profile
+        if profile and self.rng.random() < 0.7:
+            n_reqs = self.cfg.max_num_reqs  # a profiling run takes every row, as engines do
+        self.profiled_rows = n_reqs if profile else 0
+        self.rows_high = n_reqs  # the rows it hands out count as written (SPEC.md section 3)
+        self.prev_num_tokens = self.cfg.max_num_batched_tokens
+        return Step(
+            index=s,
+            kind="dummy",
+            dummy_num_reqs=n_reqs,
+            dummy_num_tokens=n_tokens,
+            profile=profile,
+            profile_seed=int(self.rng.integers(2**31)),
+        )
+
+    def _warmup_step(self, s: int) -> Step:
+        """Rows get made-up block ids while writes go to the null block; they stay free."""
+        self.corners["warmup_redirect"] += 1
+        rng, cfg = self.rng, self.cfg
+        rows = rng.permutation(cfg.max_num_reqs)[: self.p.max_batch_reqs]
+        entries, appends = [], []
+        m = max((self.p.kernel_factor(g) for g in range(self.num_groups)), default=1)
+        top = (2**31 - 1) // m  # every kernel id of a made-up block fits int32
+        for row in rows.tolist():
+            n_blocks = int(rng.integers(1, 4))
+            ids = tuple(
+                tuple(int(x) for x in rng.integers(1, top, n_blocks))
+                for _ in range(self.num_groups)
+            )
+            uid = self._new_uid()
+            appends.append(Append(uid, row, ids, True))
+            self._advance_counts(self.row_counts, appends[-1])
+            span = min((n_blocks * v for v in self.virtual), default=8)
+            n = int(rng.integers(1, min(span, 8) + 1))
+            entries.append((uid, row, 0, n))
+            self.used_rows.add(row)
+        return self._batch(Step(index=s, kind="warmup", appends=appends), entries)
+
+    def _real_step(self, s: int) -> Step:
+        step = Step(index=s, kind="real", releases=self.pending)
+        self.pending = []
+        self._free_window_blocks(step)
+        scheduled = self._schedule(step)
+        entries = []
+        for req, n in scheduled:
+            self._give_blocks(step, req, req.nct + n)
+            entries.append((req.uid, req.row, req.nct, n))
+            self.nct_rows[req.row] = req.nct
+        self._count_step_corners(scheduled)
+        self._shape_writes(step)
+        step = self._batch(step, entries)
+        self._advance(step, scheduled)
+        return step
+
+    # ------------------------------------------------------------ scheduling
+
+    def _schedule(self, step: Step) -> list[tuple[_Request, int]]:
+        """Running requests and admissions, in either order, within a token budget."""
+        p, rng = self.p, self.rng
+        cap = p.max_num_batched_tokens - 16
+        if p.giant_prefill and self.prev_num_tokens > p.giant_prefill:
+            budget = int(rng.integers(1, 64))  # a step far smaller than the one before
+        elif p.fill_batches or self._overdue("full_batch") or self._overdue("writes_past_max_reqs"):
+            budget = cap
+        elif rng.random() < 0.3:
+            budget = int(rng.integers(1, 9))
+        else:
+            budget = int(rng.integers(1, cap + 1))
+        scheduled: list[tuple[_Request, int]] = []
+        running = sorted(self.running.values(), key=lambda r: r.uid)
+        if p.giant_prefill and not self.corners["giant_request_step"] and self.free_rows:
+            req = self._admit(step, prompt_len=p.giant_prefill)
+            scheduled.append((req, p.giant_prefill))
+            budget -= p.giant_prefill
+        starving = any(
+            self._overdue(c)
+            for c in ("request_finished", "row_reused", "block_reused", "prefix_cached_start")
+        )
+        if starving or rng.random() < 0.3:
+            budget = self._admit_some(step, scheduled, budget)
+        order = [running[i] for i in rng.permutation(len(running)).tolist()]
+        order.sort(key=lambda r: r.nct < r.prompt_len)  # decodes first, as engines do
+        for req in order:
+            if len(scheduled) >= p.max_batch_reqs or budget <= 0:
+                break
+            n = self._tokens_for(req, budget)
+            if n > 0:
+                scheduled.append((req, n))
+                budget -= n
+        self._admit_some(step, scheduled, budget)
+        return scheduled
+
+    def _admit_some(self, step: Step, scheduled: list, budget: int) -> int:
+        p, rng = self.p, self.rng
+        while (
+            self.free_rows
+            and len(scheduled) < p.max_batch_reqs
+            and budget > 0
+            and (
+                rng.random() < (0.7 if len(self.running) < p.max_batch_reqs else 0.15)
+                or p.fill_batches
+                or self._overdue("full_batch")
+                or self._overdue("writes_past_max_reqs")
+            )
+        ):
+            req = self._admit(step)
+            n = self._tokens_for(req, budget)
+            scheduled.append((req, n))
+            budget -= n
+        return budget
+
+    def _tokens_for(self, req: _Request, budget: int) -> int:
+        p = self.p
+        if req.nct < req.prompt_len:
+            n = min(req.prompt_len - req.nct, p.max_prefill_chunk, budget)
+            if n < req.prompt_len - req.nct:
+                self.corners["chunked_prefill"] += 1
+            return n
+        k = int(self.rng.integers(0, p.spec_tokens + 1)) if p.spec_tokens else 0
+        n = min(1 + k, p.max_model_len - req.nct)
+        if n > budget:
+            return 0
+        self.corners["spec_decode" if n > 1 else "decode"] += 1
+        return n
+
+    # ------------------------------------------------------------ batch shape
+
+    def _batch(self, step: Step, entries: list[tuple[int, int, int, int]]) -> Step:
+        """Order, dummies and padding; fills the step's arrays. Entries: (uid, row, start, n)."""
+        p, rng, cfg = self.p, self.rng, self.cfg
+        if rng.random() < p.shuffle_prob:
+            entries = [entries[i] for i in rng.permutation(len(entries)).tolist()]
+        else:
+            entries = sorted(entries, key=lambda e: e[1])
+        if step.kind == "real" and rng.random() < p.dummy_req_prob:
+            for _ in range(int(rng.integers(1, 3))):
+                if len(entries) < cfg.max_num_reqs:
+                    at = int(rng.integers(len(entries) + 1))
+                    entries.insert(at, (-1, -1, 0, int(rng.integers(0, 4))))
+                    self.corners["dummy_request"] += 1
+        counts = [e[3] for e in entries]
+        qsl = np.zeros(len(entries) + 1, dtype=np.int32)
+        qsl[1:] = np.cumsum(counts)
+        num_tokens = int(qsl[-1])
+        pos_parts = [
+            np.arange(e[2], e[2] + e[3], dtype=np.int64)
+            if e[0] >= 0
+            else rng.integers(0, _GARBAGE, e[3])
+            for e in entries
+        ]
+        ntp = num_tokens
+        if rng.random() < p.pad_prob:
+            ntp = min(cfg.max_num_batched_tokens, (num_tokens // 8 + 1) * 8)
+        nrp = len(entries)
+        if rng.random() < p.pad_prob:
+            nrp = min(cfg.max_num_reqs, nrp + int(rng.integers(1, 4)))
+        length = cfg.max_num_batched_tokens if rng.random() < 0.3 else ntp
+        tail = (
+            rng.integers(0, _GARBAGE, length - num_tokens)
+            if rng.random() < 0.5
+            else np.zeros(length - num_tokens, dtype=np.int64)
+        )
+        step.positions = np.concatenate([*pos_parts, tail]).astype(np.int64)
+        step.idx_mapping = np.array([e[1] for e in entries], dtype=np.int32)
+        step.uids = np.array([e[0] for e in entries], dtype=np.int64)
+        step.query_start_loc = qsl
+        step.num_tokens_padded = ntp
+        step.num_reqs_padded = nrp
+        step.nct_rows = self.nct_rows.copy()
+        self._choose_paths(step)
+        self._count_shape_corners(step, tail)
+        return step
+
+    def _choose_paths(self, step: Step) -> None:
+        """Which optional arguments this step's gather and slot mapping get."""
+        p, rng, c = self.p, self.rng, self.corners
+        nct = rng.random() < (p.nct_prob if self.pass_nct else 0.3)
+        if self._overdue("nct_absent"):
+            nct = False
+        elif self._overdue("nct_present"):
+            nct = True
+        step.num_computed_tokens = step.nct_rows.copy() if nct else None
+        c["nct_present" if nct else "nct_absent"] += 1
+        if rng.random() < p.fused_read_prob or self._overdue("fused_read"):
+            step.fused_read = True
+            c["fused_read"] += 1
+            return
+        if rng.random() < p.out_prob or self._overdue("gather_out"):
+            step.gather_out = 1
+        if rng.random() < p.out_prob or self._overdue("gather_out_ptrs"):
+            step.gather_out = 2
+        if rng.random() < p.out_prob or self._overdue("slot_out"):
+            step.slot_out = True
+        c["gather_out"] += step.gather_out == 1
+        c["gather_out_ptrs"] += step.gather_out == 2
+        c["slot_out"] += step.slot_out
+
+    def _count_shape_corners(self, step: Step, tail: np.ndarray) -> None:
+        c = self.corners
+        c["padded_tokens"] += step.num_tokens_padded > step.num_tokens
+        c["padded_reqs"] += step.num_reqs_padded > step.num_reqs
+        c["profiled_rows_reclaimed"] += step.num_reqs_padded < self.profiled_rows
+        self.profiled_rows = 0
+        c["smaller_step"] += step.num_tokens < self.prev_num_tokens
+        c["giant_shrink"] += step.num_tokens + 8192 < self.prev_num_tokens
+        c["full_batch"] += step.num_reqs == self.cfg.max_num_reqs
+        c["smaller_batch"] += step.num_reqs_padded < self.rows_high
+        c["positions_tail_garbage"] += bool(tail.any())
+        rows = step.idx_mapping[step.idx_mapping >= 0]
+        c["batch_order_shuffled"] += bool((np.diff(rows) < 0).any())
+        self.prev_num_tokens = step.num_tokens
+        self.rows_high = max(self.rows_high, step.num_reqs_padded)
+
+    def _count_step_corners(self, scheduled: list[tuple[_Request, int]]) -> None:
+        cfg, c, p = self.cfg, self.corners, self.p
+        kernel = cfg.kernel_block_sizes
+        m = [p.kernel_factor(g) for g in range(self.num_groups)]
+        if cfg.cp_size > 1:
+            for g in range(self.num_groups):
+                if cfg.dcp_sharded[g]:
+                    i, bs = cfg.cp_interleave, kernel[g]
+                    c[
+                        "interleave_1"
+                        if i == 1
+                        else "interleave_eq_block"
+                        if i == bs
+                        else "interleave_between"
+                    ] += 1
+                    c["interleave_eq_kernel"] += i == bs and m[g] > 1
+            kinds = {
+                (
+                    "disabled"
+                    if not cfg.slot_mapping_enabled[g]
+                    else "sharded"
+                    if cfg.dcp_sharded[g]
+                    else "unsharded"
+                )
+                for g in range(self.num_groups)
+            }
+            c["mixed_groups"] += len(kinds) == 3
+            c["window_configured_under_cp"] += self.pass_nct
+        c["several_block_sizes"] += len(set(cfg.block_sizes)) > 1
+        c["zero_groups"] += self.num_groups == 0
+        c["one_group"] += self.num_groups == 1
+        c["many_groups"] += self.num_groups >= 5
+        c["kernel_blocks"] += any(x > 1 for x in m)
+        c["kernel_blocks_mixed"] += any(x > 1 for x in m) and any(x == 1 for x in m)
+        for req, n in scheduled:
+            self.real_tokens += n
+            c["giant_request_step"] += n > 8192
+            for g in range(self.num_groups):
+                w, bs = self.reach[g], kernel[g]
+                if w and req.nct > w and (req.nct - w) % bs == 0:
+                    c["window_boundary"] += 1
+                c["wide_row"] += len(req.blocks[g]) * m[g] > 2048
+                if cfg.slot_mapping_enabled[g]:
+                    cols = np.arange(req.nct, req.nct + n) // self.virtual[g]
+                    blocks = np.asarray(req.blocks[g], dtype=np.int64)[cols]
+                    c["slot_past_2_31"] += int((blocks * cfg.block_sizes[g] >= 2**31).sum())
+
+    def _digest(self, step: Step) -> None:
+        h = self.hasher
+        h.update(
+            repr(
+                (
+                    step.index,
+                    step.kind,
+                    step.num_tokens_padded,
+                    step.num_reqs_padded,
+                    step.dummy_num_reqs,
+                    step.dummy_num_tokens,
+                    [(a.row, a.overwrite, a.block_ids, a.expect_error) for a in step.appends],
+                    (step.gather_out, step.slot_out, step.fused_read),
+                    (step.profile, step.profile_seed),
+                )
+            ).encode()
+        )
+        for arr in (step.idx_mapping, step.query_start_loc, step.positions):
+            h.update(arr.tobytes())
+        if step.num_computed_tokens is not None:
+            h.update(step.num_computed_tokens.tobytes())
+
+
+def generate(preset: Preset, seed: int) -> Workload:
+    """The workload of `preset` for `seed`: identical on every call, every rank, every host."""
+    w = _Generator(preset, seed).run()
+    w.seed = seed
+    return w

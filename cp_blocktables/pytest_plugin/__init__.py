@@ -1,0 +1,47 @@
+"""The multi-rank pytest plugin: `@pytest.mark.ranks(N)` runs a test body on N ranks.
+
+Registered as `cp_blocktables.pytest_plugin` (the `pytest11` entry point and
+`-p cp_blocktables.pytest_plugin`). `plugin` holds the hooks and fixtures,
+`pool` the reusable rank processes, `worker` what one rank process does,
+`spmd` the mode where torchrun launches the ranks, `rank_report` the verdict
+and report over every rank's outcome.
+
+Imports: the core (a rank builds `BlockTables` for `block_tables_factory`) and
+nothing of the harness or drills. Registering the plugin must not import torch.
+"""
+
+from .plugin import (
+    RanksSpec,
+    bench_plugin_overhead,
+    block_tables_factory,
+    device,
+    pytest_addoption,
+    pytest_configure,
+    pytest_itemcollected,
+    pytest_pyfunc_call,
+    pytest_report_header,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+    pytest_unconfigure,
+    rank,
+    ranks_spec,
+    world_size,
+)
+
+__all__ = [
+    "RanksSpec",
+    "bench_plugin_overhead",
+    "block_tables_factory",
+    "device",
+    "pytest_addoption",
+    "pytest_configure",
+    "pytest_itemcollected",
+    "pytest_pyfunc_call",
+    "pytest_report_header",
+    "pytest_runtest_makereport",
+    "pytest_runtest_setup",
+    "pytest_unconfigure",
+    "rank",
+    "ranks_spec",
+    "world_size",
+]

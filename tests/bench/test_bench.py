@@ -1,0 +1,112 @@
+"""The kernel benchmark on CPU: a smoke run of the whole table, its JSON, and its byte counts."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+
+import pytest
+import torch
+
+from cp_blocktables import BlockTablesConfig
+from cp_blocktables.bench import kernels as bench
+
+KERNEL_KINDS = {"compute_slot_mappings", "gather_block_tables", "apply_staged_writes"}
+ALL_KINDS = KERNEL_KINDS | {"launch_floor", "copy", "integrity_checks"}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One quick CPU run: `(rows, printed text, parsed JSON)`."""
+    path = tmp_path_factory.mktemp("bench") / "out.json"
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        rows = bench.run_kernel_bench("cpu", quick=True, json_path=str(path))
+    return rows, text.getvalue(), json.loads(path.read_text())
+
+
+def test_every_row_kind_is_measured(smoke):
+    rows, _, _ = smoke
+    assert {r["kind"] for r in rows} == ALL_KINDS
+    variants = {r["params"]["variant"] for r in rows if r["kind"] == "apply_staged_writes"}
+    assert variants == {"fused", "per-group"}
+    slots = [r["params"] for r in rows if r["kind"] == "compute_slot_mappings"]
+    assert {(p["groups"], p["cp_size"]) for p in slots} == {(1, 1), (1, 4), (4, 1), (4, 4)}
+    masked = {r["params"]["sliding_window"] for r in rows if r["kind"] == "gather_block_tables"}
+    assert masked == {False, True}
+
+
+def test_rows_have_sane_figures(smoke):
+    rows, _, _ = smoke
+    for r in rows:
+        where = f"{r['kind']} {r['case']}"
+        assert r["cpu_figures"] is True, where
+        assert math.isfinite(r["median_us"]) and r["median_us"] > 0, where
+        assert math.isfinite(r["host_us"]) and r["host_us"] > 0, where
+        assert math.isfinite(r["floor_ratio"]) and r["floor_ratio"] > 0, where
+        if r["kind"] == "launch_floor":
+            assert r["bytes"] == 0 and r["floor_ratio"] == 1.0
+            continue
+        assert r["bytes"] > 0, where
+        assert math.isclose(r["gbps"], r["bytes"] / r["median_us"] / 1e3), where
+        assert r["copy_fraction"] > 0 and math.isfinite(r["copy_fraction"]), where
+        if r["kind"] in KERNEL_KINDS:
+            assert r["agrees"] is True, f"kernel and rival disagree: {where}"
+            assert r["torch_us"] > 0 and r["torch_host_us"] > 0, where
+            assert math.isclose(r["speedup"], r["torch_us"] / r["median_us"]), where
+
+
+def test_json_holds_meta_rows_and_goals(smoke):
+    rows, _, data = smoke
+    assert data["meta"]["cpu_figures"] is True
+    assert data["meta"]["device"] == "cpu"
+    assert data["meta"]["torch"] == torch.__version__
+    assert [(r["kind"], r["case"]) for r in data["rows"]] == [(r["kind"], r["case"]) for r in rows]
+    assert len(data["goals"]) == 4
+    assert {g["status"] for g in data["goals"]} <= {"met", "missed", "not measured"}
+
+
+def test_table_is_printed_with_the_cpu_banner(smoke):
+    rows, text, _ = smoke
+    assert bench.CPU_BANNER in text
+    assert "triton" in text and torch.__version__ in text
+    for r in rows:
+        assert r["case"] in text
+    assert "goals" in text
+
+
+@pytest.mark.parametrize(
+    "cp_size, cp_rank, table_reads",
+    [
+        # Positions 0..5 of block size 4: columns 0 and 1, two entries.
+        pytest.param(1, 0, 2, id="cp1"),
+        # Virtual blocks of 8: all six positions in column 0; rank 1 owns 1, 3, 5.
+        pytest.param(2, 1, 1, id="cp2-owner"),
+    ],
+)
+def test_slot_bytes_count_each_distinct_table_entry_once(cp_size, cp_rank, table_reads):
+    cfg = BlockTablesConfig([4], 8, 16, [4], cp_size=cp_size, cp_rank=cp_rank)
+    idx = torch.tensor([3], dtype=torch.int32)
+    lens = torch.tensor([6])
+    pos = torch.arange(6, dtype=torch.int64)
+    expected = 8 * 6 + 4 * 2 + 4 * 1 + 8 * 16 + 4 * table_reads
+    assert bench._slot_bytes(cfg, idx, lens, pos) == expected
+
+
+def test_options_parse_as_the_cli_passes_them():
+    parser = argparse.ArgumentParser()
+    bench.add_bench_kernels_arguments(parser)
+    args = parser.parse_args(["--device", "cpu", "--json", "x.json", "--quick"])
+    assert (args.device, args.json_path, args.quick) == ("cpu", "x.json", True)
+    defaults = parser.parse_args([])
+    assert (defaults.device, defaults.json_path, defaults.quick) == ("auto", None, False)
+
+
+def test_cuda_without_a_gpu_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = argparse.Namespace(device="cuda", json_path=None, quick=True)
+    assert bench.bench_kernels_command(args) == 2
+    assert "no CUDA device" in capsys.readouterr().err

@@ -1,0 +1,404 @@
+"""`BlockTables` against hand-computed values and the reference, one SPEC.md rule at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cp_blocktables import NULL_BLOCK_ID, PAD_SLOT_ID, BlockTables
+from cp_blocktables._jit import launch_counts
+
+P = PAD_SLOT_ID
+
+
+def small(**overrides):
+    """One 4-token-block group, 4 rows of 4 blocks, 32 tokens per step."""
+    kwargs = dict(
+        block_sizes=[4], max_num_reqs=4, max_num_batched_tokens=32, max_num_blocks_per_group=[4]
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+# ------------------------------------------------------------------ slot mappings
+
+
+@pytest.mark.parametrize(
+    ("cp_size", "cp_rank", "interleave", "expected"),
+    [
+        pytest.param(1, 0, 1, [28, 29, 30, 31, 36, 37, 38, 39], id="C1"),
+        pytest.param(2, 0, 1, [28, P, 29, P, 30, P, 31, P], id="C2-k0-I1"),
+        pytest.param(2, 1, 1, [P, 28, P, 29, P, 30, P, 31], id="C2-k1-I1"),
+        pytest.param(2, 0, 2, [28, 29, P, P, 30, 31, P, P], id="C2-k0-I2"),
+        pytest.param(2, 1, 2, [P, P, 28, 29, P, P, 30, 31], id="C2-k1-I2"),
+        pytest.param(2, 1, 4, [P, P, P, P, 28, 29, 30, 31], id="C2-k1-I4=bs"),
+        pytest.param(4, 3, 1, [P, P, P, 28, P, P, P, 29], id="C4-k3-I1"),
+        pytest.param(8, 5, 1, [P, P, P, P, P, 28, P, P], id="C8-k5-I1"),
+    ],
+)
+def test_slot_mapping_by_hand(pair, cp_size, cp_rank, interleave, expected):
+    p = pair(**small(cp_size=cp_size, cp_rank=cp_rank, cp_interleave=interleave))
+    p.append(2, ([7, 9],))
+    p.bt.apply_staged_writes()
+    out = p.slots([2], [0, 8], list(range(8)), 8)
+    np.testing.assert_array_equal(out[0], expected)
+
+
+def test_sharded_unsharded_and_disabled_groups_side_by_side(pair):
+    p = pair(
+        block_sizes=[4, 4, 4],
+        max_num_reqs=2,
+        max_num_batched_tokens=8,
+        max_num_blocks_per_group=[2, 2, 2],
+        cp_size=2,
+        cp_rank=1,
+        dcp_sharded=[True, False, True],
+        slot_mapping_enabled=[True, True, False],
+    )
+    p.append(0, ([5], [6, 8], [7]))
+    p.bt.apply_staged_writes()
+    out = p.slots([0], [0, 6], [0, 1, 2, 3, 4, 5], 6)
+    np.testing.assert_array_equal(out[0], [P, 20, P, 21, P, 22])
+    np.testing.assert_array_equal(out[1], [24, 25, 26, 27, 32, 33])
+    np.testing.assert_array_equal(out[2], [P] * 6)
+
+
+def test_prefix_cached_positions_far_from_zero(pair):
+    p = pair(**small(max_num_blocks_per_group=[64]))
+    p.append(1, (list(range(10, 74)),))
+    p.bt.apply_staged_writes()
+    out = p.slots([1], [0, 3], [250, 251, 252], 3)
+    np.testing.assert_array_equal(out[0], [72 * 4 + 2, 72 * 4 + 3, 73 * 4])
+
+
+def test_dummy_requests_and_padding_write_pad(pair):
+    p = pair(**small())
+    p.append(0, ([3],))
+    p.append(1, ([5],))
+    p.bt.apply_staged_writes()
+    out = p.slots([1, -1, 0], [0, 2, 4, 5], [0, 1, 0, 1, 3], 8)
+    np.testing.assert_array_equal(out[0], [20, 21, P, P, 15, P, P, P])
+
+
+def test_batch_order_differs_from_row_order(pair):
+    p = pair(**small())
+    for r, block in enumerate([2, 3, 4, 5]):
+        p.append(r, ([block],))
+    p.bt.apply_staged_writes()
+    out = p.slots([3, 0, 2], [0, 1, 2, 3], [1, 1, 1], 3)
+    np.testing.assert_array_equal(out[0], [21, 9, 17])
+
+
+@pytest.mark.parametrize("first", [3000, 1100], ids=["tail-crosses-tiles", "tail-in-tile"])
+def test_smaller_step_pads_stale_tail(pair, first):
+    """A step smaller than the one before leaves no stale slot, across the 1024-token tile."""
+    p = pair(
+        block_sizes=[16],
+        max_num_reqs=2,
+        max_num_batched_tokens=4096,
+        max_num_blocks_per_group=[256],
+    )
+    p.append(0, (list(range(1, 257)),))
+    p.bt.apply_staged_writes()
+    p.slots([0], [0, first], list(range(first)), first)
+    out = p.slots([0], [0, 5], list(range(5)), 1030)
+    np.testing.assert_array_equal(out[0, 5:], P)
+
+
+def test_slots_past_int32(pair):
+    big = 2**31 - 2
+    p = pair(
+        **small(
+            block_sizes=[1024], max_num_blocks_per_group=[2], cp_size=2, cp_rank=1, cp_interleave=8
+        )
+    )
+    p.append(0, ([big, big + 1],))
+    p.bt.apply_staged_writes()
+    out = p.slots([0], [0, 3], [8, 2047, 2048 + 9], 3)
+    assert out[0, 0] == big * 1024
+    assert out[0, 1] == big * 1024 + 1023
+    assert out[0, 2] == (big + 1) * 1024 + 1
+    assert out[0, 0] > 2**32
+
+
+def test_disabled_everywhere_and_zero_tokens(pair):
+    p = pair(**small(slot_mapping_enabled=[False]))
+    p.append(0, ([1],))
+    p.bt.apply_staged_writes()
+    out = p.slots([0], [0, 0], [0], 4)
+    np.testing.assert_array_equal(out[0], [P] * 4)
+
+
+def test_slot_mapping_into_caller_buffer(pair):
+    p = pair(**small())
+    p.append(0, ([6],))
+    p.bt.apply_staged_writes()
+    out = torch.full((1, 10), 77, dtype=torch.int64, device=p.device)
+    got = p.bt.compute_slot_mappings(
+        p.tensor([0]), p.tensor([0, 2]), p.tensor([0, 1], torch.int64), 4, out=out
+    )
+    assert got.data_ptr() == out.data_ptr()
+    np.testing.assert_array_equal(out.cpu().numpy()[0], [24, 25] + [P] * 8)
+
+
+def test_dummy_slot_mappings_fill_whole_buffer(pair):
+    p = pair(**small())
+    p.append(0, ([6],))
+    p.bt.apply_staged_writes()
+    p.slots([0], [0, 4], [0, 1, 2, 3], 4)
+    view = p.bt.get_dummy_slot_mappings(3)
+    assert view.shape == (1, 3) and view.data_ptr() == p.bt.slot_mappings.data_ptr()
+    np.testing.assert_array_equal(p.bt.slot_mappings.cpu().numpy(), P)
+
+
+# ------------------------------------------------------------------ gather
+
+
+def test_gather_copies_rows_zeroes_dummy_and_padding(pair):
+    p = pair(**small())
+    p.append(0, ([1, 2],))
+    p.append(3, ([4, 5, 6],))
+    p.bt.apply_staged_writes()
+    out = p.gather([3, -1, 0], 4)
+    np.testing.assert_array_equal(out[0][0, :3], [4, 5, 6])
+    np.testing.assert_array_equal(out[0][1], 0)
+    np.testing.assert_array_equal(out[0][2, :2], [1, 2])
+    np.testing.assert_array_equal(out[0][3], 0)
+
+
+def test_gather_zeroes_rows_left_by_larger_batch(pair):
+    p = pair(**small())
+    for r in range(4):
+        p.append(r, ([r + 1],))
+    p.bt.apply_staged_writes()
+    p.gather([0, 1, 2, 3], 4)
+    out = p.gather([1], 1, num_rows=4)
+    assert len(out[0]) == 1
+    np.testing.assert_array_equal(p.bt.input_block_tables[0][1:].cpu().numpy(), 0)
+
+
+def test_gather_into_caller_tables_with_ptrs(pair):
+    p = pair(**small(block_sizes=[4, 8], max_num_blocks_per_group=[4, 2]))
+    p.append(2, ([3, 4], [9]))
+    p.bt.apply_staged_writes()
+    out = [
+        torch.full((4, 4), 55, dtype=torch.int32, device=p.device),
+        torch.full((4, 2), 55, dtype=torch.int32, device=p.device),
+    ]
+    ptrs = torch.tensor([t.data_ptr() for t in out], dtype=torch.uint64, device=p.device)
+    before = [t.clone() for t in p.bt.input_block_tables]
+    views = p.bt.gather_block_tables(p.tensor([2, -1]), 3, out=out, out_ptrs=ptrs)
+    assert [v.data_ptr() for v in views] == [t.data_ptr() for t in out]
+    np.testing.assert_array_equal(out[0].cpu().numpy()[:3], [[3, 4, 55, 55], [0] * 4, [0] * 4])
+    np.testing.assert_array_equal(out[1].cpu().numpy()[:3], [[9, 55], [0, 0], [0, 0]])
+    np.testing.assert_array_equal(out[0].cpu().numpy()[3], 55)
+    for b, t in zip(before, p.bt.input_block_tables):
+        assert torch.equal(b, t)
+
+
+@pytest.mark.parametrize(
+    ("computed", "first_live"),
+    [
+        pytest.param(20, 2, id="window-edge-on-block-edge"),
+        pytest.param(21, 2, id="one-past-edge"),
+        pytest.param(19, 1, id="one-before-edge"),
+        pytest.param(12, 0, id="window-covers-all"),
+    ],
+)
+def test_sliding_window_masks_blocks_wholly_below(pair, computed, first_live):
+    """reach 12, bs 4: block j is dead iff (j + 1) * 4 <= computed - 12."""
+    p = pair(**small(max_num_blocks_per_group=[8], sliding_window_reach=[12]))
+    p.append(1, ([11, 12, 13, 14, 15, 16],))
+    p.bt.apply_staged_writes()
+    nct = [0, computed, 0, 0]
+    out = p.gather([1], 1, num_computed_tokens=nct)
+    row = out[0][0, :6]
+    np.testing.assert_array_equal(row[:first_live], NULL_BLOCK_ID)
+    np.testing.assert_array_equal(row[first_live:], [11, 12, 13, 14, 15, 16][first_live:])
+
+
+def test_masking_is_off_under_cp(pair):
+    p = pair(**small(cp_size=2, cp_rank=0, sliding_window_reach=[4]))
+    assert p.bt.sliding_window_reach == [0]
+    p.append(0, ([7, 8, 9],))
+    p.bt.apply_staged_writes()
+    out = p.gather([0], 1, num_computed_tokens=[100, 0, 0, 0])
+    np.testing.assert_array_equal(out[0][0, :3], [7, 8, 9])
+
+
+def test_dummy_block_tables_zero_persistent_rows(pair):
+    p = pair(**small())
+    for r in range(3):
+        p.append(r, ([r + 1, r + 2],))
+    p.bt.apply_staged_writes()
+    p.gather([0, 1, 2], 3)
+    views = p.bt.get_dummy_block_tables(1)
+    assert views[0].data_ptr() == p.bt.input_block_tables[0].data_ptr()
+    assert views[0].shape == (1, 4)
+    np.testing.assert_array_equal(p.bt.input_block_tables[0].cpu().numpy(), 0)
+
+
+# ------------------------------------------------------------------ appends
+
+
+def test_append_extends_and_overwrite_restarts(pair):
+    p = pair(**small())
+    p.append(1, ([1, 2],))
+    p.bt.apply_staged_writes()
+    p.append(1, ([3],))
+    p.bt.apply_staged_writes()
+    np.testing.assert_array_equal(p.bt.block_tables[0].gpu[1, :3].cpu().numpy(), [1, 2, 3])
+    p.append(1, ([9],), overwrite=True)
+    p.bt.apply_staged_writes()
+    assert p.bt.num_blocks.np[0, 1] == 1
+    assert p.bt.num_blocks.gpu[0, 1].item() == 1
+    out = p.gather([1], 1)
+    np.testing.assert_array_equal(out[0][0, :1], [9])
+
+
+def test_overwrite_in_same_step_wins(pair):
+    """A row appended and then overwritten before one apply holds the overwrite."""
+    p = pair(**small())
+    p.append(0, ([1, 2, 3],))
+    p.append(0, ([7, 8],), overwrite=True)
+    p.append(0, ([9],))
+    p.bt.apply_staged_writes()
+    np.testing.assert_array_equal(p.bt.block_tables[0].gpu[0, :3].cpu().numpy(), [7, 8, 9])
+
+
+def test_redirect_writes_to_null_block(pair):
+    p = pair(**small(block_sizes=[4, 8], max_num_blocks_per_group=[4, 4]))
+    assert BlockTables.redirect_writes_to_null_block is False
+    p.bt.redirect_writes_to_null_block = True
+    p.ref.redirect_writes_to_null_block = True
+    p.append(2, ([5, 6], [7]))
+    assert p.bt.block_tables[0]._staged_write_contents == [0, 0]
+    p.bt.apply_staged_writes()
+    np.testing.assert_array_equal(p.bt.num_blocks.np[:, 2], [2, 1])
+    out = p.slots([2], [0, 2], [0, 5], 2)
+    np.testing.assert_array_equal(out, [[0, 1], [0, 5]])
+    assert BlockTables.redirect_writes_to_null_block is False
+
+
+def test_over_capacity_append_stages_nothing(pair):
+    p = pair(**small(block_sizes=[4, 4], max_num_blocks_per_group=[4, 2]))
+    p.append(0, ([1], [2]))
+    with pytest.raises(RuntimeError, match=r"request 0, group 1: .*end at 3.*capacity 2"):
+        p.bt.append_block_ids(0, ([3], [4, 5]), False)
+    assert p.bt.block_tables[0]._staged_write_contents == [1]
+    np.testing.assert_array_equal(p.bt.num_blocks.np[:, 0], [1, 1])
+
+
+def test_fused_apply_is_one_launch_and_skips_per_table_apply(pair, monkeypatch):
+    p = pair(
+        block_sizes=[4, 8, 16],
+        max_num_reqs=4,
+        max_num_batched_tokens=8,
+        max_num_blocks_per_group=[4, 4, 4],
+    )
+    assert p.bt.fused_writer is not None
+    for t in p.bt.block_tables:
+        monkeypatch.setattr(t, "apply_write", lambda: pytest.fail("per-table apply called"))
+    p.append(0, ([1, 2], [3], [4]))
+    p.append(3, ([5], [6, 7], []))
+    before, applies = sum(launch_counts.values()), launch_counts["_apply_writes_kernel"]
+    p.bt.apply_staged_writes()
+    assert sum(launch_counts.values()) - before == 1
+    assert launch_counts["_apply_writes_kernel"] - applies == 1
+    for g in range(3):
+        np.testing.assert_array_equal(p.bt.block_tables[g].gpu.cpu().numpy(), p.ref.tables[g])
+        assert not p.bt.block_tables[g]._staged_write_indices
+
+
+def test_single_group_uses_its_own_apply(pair, monkeypatch):
+    p = pair(**small())
+    assert p.bt.fused_writer is None
+    calls = []
+    table = p.bt.block_tables[0]
+    original = table.apply_write
+    monkeypatch.setattr(table, "apply_write", lambda: calls.append(1) or original())
+    p.append(0, ([1],))
+    p.bt.apply_staged_writes()
+    assert calls == [1]
+
+
+def test_zero_groups(torch_device):
+    bt = BlockTables([], 4, 8, [], torch_device)
+    assert bt.num_kv_cache_groups == 0 and bt.fused_writer is None
+    bt.append_block_ids(0, (), False)
+    bt.apply_staged_writes()
+    idx = torch.tensor([0], dtype=torch.int32, device=torch_device)
+    assert bt.gather_block_tables(idx, 2) == ()
+    qsl = torch.tensor([0, 1], dtype=torch.int32, device=torch_device)
+    pos = torch.tensor([0], dtype=torch.int64, device=torch_device)
+    assert bt.compute_slot_mappings(idx, qsl, pos, 4).shape == (0, 4)
+    assert bt.get_dummy_block_tables(2) == ()
+    assert bt.get_dummy_slot_mappings(2).shape == (0, 2)
+
+
+def test_public_state(torch_device):
+    bt = BlockTables(
+        [16, 32],
+        8,
+        64,
+        [4, 2],
+        torch_device,
+        cp_size=4,
+        cp_rank=2,
+        cp_interleave=8,
+        dcp_sharded=[True, False],
+    )
+    assert (bt.block_sizes, bt.max_num_reqs, bt.max_num_batched_tokens) == ([16, 32], 8, 64)
+    assert (bt.cp_size, bt.cp_rank, bt.cp_interleave, bt.num_kv_cache_groups) == (4, 2, 8, 2)
+    assert [t.gpu.shape for t in bt.block_tables] == [(8, 4), (8, 2)]
+    assert all(t.gpu.dtype == torch.int32 for t in bt.block_tables)
+    assert bt.num_blocks.np.shape == (2, 8) and bt.num_blocks.gpu.dtype == torch.int32
+    assert [t.shape for t in bt.input_block_tables] == [(8, 4), (8, 2)]
+    assert bt.slot_mappings.shape == (2, 64) and bt.slot_mappings.dtype == torch.int64
+    assert bt.dcp_sharded.tolist() == [True, False] and bt.dcp_sharded.dtype == torch.bool
+    assert bt.block_table_ptrs.dtype == torch.uint64
+    assert bt.block_table_ptrs.tolist() == [t.gpu.data_ptr() for t in bt.block_tables]
+    assert bt.input_block_table_ptrs.tolist() == [t.data_ptr() for t in bt.input_block_tables]
+
+
+def test_layout_tensors_follow_reallocated_tables(pair):
+    p = pair(**small())
+    p.bt.block_tables[0].gpu = torch.zeros(4, 4, dtype=torch.int32, device=p.device)
+    p.bt.input_block_tables[0] = torch.zeros(4, 4, dtype=torch.int32, device=p.device)
+    p.bt.init_block_table_layout_tensors()
+    p.append(0, ([3],))
+    p.bt.apply_staged_writes()
+    p.gather([0], 1)
+    assert p.bt.block_tables[0].gpu[0, 0].item() == 3
+    assert p.bt.input_block_tables[0][0, 0].item() == 3
+
+
+def test_positions_past_int32_in_a_huge_table(pair):
+    """A table spanning more than 2**31 positions takes the int64 index path."""
+    bs = 2**20
+    p = pair(**small(block_sizes=[bs], max_num_blocks_per_group=[4096], cp_size=2, cp_rank=1))
+    p.append(0, (list(range(1, 2050)),))
+    p.bt.apply_staged_writes()
+    far = 2**31 + 5  # virtual block 1024 (id 1025), offset 5: odd, so rank 1 owns it
+    out = p.slots([0], [0, 2], [far, far + 1], 2)
+    assert out[0, 0] == 1025 * bs + 2 and out[0, 1] == P
+
+
+def test_long_prefill_spanning_many_tiles(pair):
+    """Tiles wholly inside one request skip the per-token search; their slots must not."""
+    n = 20_000
+    p = pair(
+        block_sizes=[16, 12],
+        max_num_reqs=3,
+        max_num_batched_tokens=n + 8,
+        max_num_blocks_per_group=[700, 1700],
+        cp_size=3,
+        cp_rank=2,
+        cp_interleave=4,
+        dcp_sharded=[True, False],
+    )
+    p.append(2, (list(range(1000, 1700)), list(range(5000, 6700))))
+    p.append(0, ([9], [8]))
+    p.bt.apply_staged_writes()
+    p.slots([-1, 2, 0], [0, 3, 3 + n, 5 + n], [7, 8, 9, *range(100, 100 + n), 0, 1], n + 8)

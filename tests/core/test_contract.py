@@ -1,0 +1,249 @@
+"""Bad input: every invalid argument gets a clear error naming it, and nothing changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cp_blocktables import BlockTables
+
+GOOD = dict(
+    block_sizes=[16, 32],
+    max_num_reqs=4,
+    max_num_batched_tokens=64,
+    max_num_blocks_per_group=[8, 4],
+    device="cpu",
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        pytest.param(dict(block_sizes=16), "block_sizes must be a list", id="block_sizes-not-list"),
+        pytest.param(dict(block_sizes=[16, 0]), r"block_sizes\[1\] must be >= 1", id="zero-bs"),
+        pytest.param(
+            dict(block_sizes=[16, 2.0]), r"block_sizes\[1\] must be an int", id="float-bs"
+        ),
+        pytest.param(dict(max_num_reqs=0), "max_num_reqs must be >= 1", id="no-reqs"),
+        pytest.param(dict(max_num_batched_tokens=-1), "max_num_batched_tokens", id="neg-tokens"),
+        pytest.param(
+            dict(max_num_blocks_per_group=[8]),
+            "max_num_blocks_per_group has 1 entries",
+            id="blocks-len",
+        ),
+        pytest.param(
+            dict(max_num_blocks_per_group=[8, 0]),
+            r"max_num_blocks_per_group\[1\]",
+            id="zero-blocks",
+        ),
+        pytest.param(dict(cp_size=0), "cp_size must be >= 1", id="cp-size-0"),
+        pytest.param(dict(cp_size=2, cp_rank=2), "cp_rank must satisfy", id="rank-too-big"),
+        pytest.param(dict(cp_rank=-1), "cp_rank must be >= 0", id="rank-negative"),
+        pytest.param(dict(cp_interleave=0), "cp_interleave must be >= 1", id="interleave-0"),
+        pytest.param(
+            dict(cp_size=2, cp_interleave=3),
+            r"does not divide block_sizes\[0\]=16 of "
+            r"DCP-sharded group 0",
+            id="interleave-not-dividing",
+        ),
+        pytest.param(
+            dict(block_sizes=[16, 24], cp_size=2, cp_interleave=16),
+            r"block_sizes\[1\]=24 of DCP-sharded group 1",
+            id="interleave-vs-group-1",
+        ),
+        pytest.param(
+            dict(slot_mapping_enabled=[True]),
+            "slot_mapping_enabled has 1 entries",
+            id="enabled-len",
+        ),
+        pytest.param(
+            dict(dcp_sharded=[1, 0]), r"dcp_sharded\[0\] must be a bool", id="sharded-int"
+        ),
+        pytest.param(
+            dict(sliding_window_reach=[0, -4]),
+            r"sliding_window_reach\[1\] must be >= 0",
+            id="negative-reach",
+        ),
+        pytest.param(dict(device="gpu0"), "device 'gpu0'", id="bad-device"),
+    ],
+)
+def test_constructor_refuses(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        BlockTables(**{**GOOD, **overrides})
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(dict(cp_interleave=3), id="single-rank"),
+        pytest.param(
+            dict(cp_size=2, cp_rank=1, cp_interleave=3, dcp_sharded=[False, False]),
+            id="unsharded-rank-1",
+        ),
+    ],
+)
+def test_interleave_is_free_for_unsharded_or_single_rank(pair, overrides):
+    """Interleave 3 divides no block size here; where it does not apply, slots must
+    follow the plain rule of SPEC.md section 2 (`table[p // bs] * bs + p % bs`)."""
+    kwargs = {k: v for k, v in {**GOOD, **overrides}.items() if k != "device"}
+    p = pair(**kwargs)
+    p.append(0, ([3, 5, 7], [2, 9]))
+    p.append(1, ([4, 6], [8]))
+    p.bt.apply_staged_writes()
+    positions = [0, 5, 15, 16, 17, 31, 40, 41, 47]
+    slots = p.slots([1, 0], [0, 6, 9], positions, 12)  # checked against the reference
+    for g, bs in enumerate(kwargs["block_sizes"]):
+        rows = {0: [3, 5, 7], 1: [4, 6]} if g == 0 else {0: [2, 9], 1: [8]}
+        for t, (r, pos) in enumerate(zip([1] * 6 + [0] * 3, positions)):
+            assert slots[g, t] == rows[r][pos // bs] * bs + pos % bs, (g, t)
+
+
+@pytest.fixture
+def bt():
+    t = BlockTables(**GOOD)
+    t.append_block_ids(1, ([5, 6], [7]), False)
+    t.apply_staged_writes()
+    return t
+
+
+def snapshot(t: BlockTables):
+    return (
+        [x.gpu.clone() for x in t.block_tables],
+        t.num_blocks.np.copy(),
+        [x.clone() for x in t.input_block_tables],
+        t.slot_mappings.clone(),
+        [list(x._staged_write_contents) for x in t.block_tables],
+    )
+
+
+def assert_unchanged(t: BlockTables, before) -> None:
+    after = snapshot(t)
+    for a, b in zip(before[0] + before[2] + [before[3]], after[0] + after[2] + [after[3]]):
+        assert torch.equal(a, b)
+    np.testing.assert_array_equal(before[1], after[1])
+    assert before[4] == after[4]
+
+
+I32 = lambda *v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+I64 = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        pytest.param(
+            lambda t: t.append_block_ids(4, ([1], [1]), False),
+            r"req_index must be an int "
+            r"in \[0, 4\)",
+            id="row-out-of-range",
+        ),
+        pytest.param(
+            lambda t: t.append_block_ids(0, ([1],), False),
+            "new_block_ids has 1 entries",
+            id="ids-per-group",
+        ),
+        pytest.param(
+            lambda t: t.append_block_ids(0, ([1], [-2]), False),
+            "block ids must lie",
+            id="negative-id",
+        ),
+        pytest.param(
+            lambda t: t.append_block_ids(1, ([1] * 7, [1]), False),
+            r"request 1, group 0: .* end at 9, past the row capacity 8",
+            id="capacity",
+        ),
+        pytest.param(
+            lambda t: t.gather_block_tables(I32(1), 5),
+            "num_reqs_padded must lie",
+            id="padded-above-max",
+        ),
+        pytest.param(
+            lambda t: t.gather_block_tables(I32(1, 2), 1),
+            "num_reqs_padded must lie",
+            id="padded-below-reqs",
+        ),
+        pytest.param(
+            lambda t: t.gather_block_tables(I32(4), 1), r"idx_mapping\[0\] = 4", id="row-past-max"
+        ),
+        pytest.param(
+            lambda t: t.gather_block_tables(I32(-2), 1),
+            r"idx_mapping\[0\] = -2",
+            id="row-below-dummy",
+        ),
+        pytest.param(
+            lambda t: t.gather_block_tables(torch.tensor([1.0]), 1),
+            "idx_mapping must be a 1-D int32 or int64",
+            id="float-idx",
+        ),
+        pytest.param(
+            lambda t: t.gather_block_tables(I32(1), 1, num_computed_tokens=I32(1)),
+            "num_computed_tokens must have at least 4",
+            id="short-computed",
+        ),
+        pytest.param(
+            lambda t: t.gather_block_tables(I32(1), 1, out_ptrs=I64(1)),
+            "out_ptrs needs out",
+            id="ptrs-without-out",
+        ),
+        pytest.param(
+            lambda t: t.gather_block_tables(I32(1), 1, out=[torch.zeros(1, 8)] * 2),
+            r"out\[0\] must be an int32",
+            id="bad-out-table",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(0, 3, 4), I64(0, 1, 2), 3),
+            "query_start_loc must have 2 entries",
+            id="qsl-length",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1, 1), I32(0, 3, 2), I64(0, 1, 2), 3),
+            "never decrease",
+            id="qsl-decreasing",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(1, 3), I64(0, 1, 2), 3),
+            "start at 0",
+            id="qsl-not-from-0",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(0, 3), I64(0, 1), 3),
+            "positions has 2",
+            id="positions-short",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(0, 2), I64(0, -1), 2),
+            "positions must be >= 0",
+            id="negative-position",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(0, 1), I64(128), 1),
+            "position 128 lies past group 0",
+            id="position-past-table",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(0, 2), I64(0, 1), 1),
+            "less than the batch's 2 tokens",
+            id="padded-below-tokens",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(0, 1), I64(0), 65),
+            r"num_tokens_padded must lie in \[0, 64\]",
+            id="padded-above-buffer",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(7), I32(0, 1), I64(0), 1),
+            r"idx_mapping\[0\] = 7",
+            id="slot-row-past-max",
+        ),
+        pytest.param(
+            lambda t: t.get_dummy_slot_mappings(65), "num_tokens must lie", id="dummy-slots"
+        ),
+        pytest.param(lambda t: t.get_dummy_block_tables(5), "num_reqs must lie", id="dummy-tables"),
+    ],
+)
+def test_method_refuses_and_changes_nothing(bt, call, message):
+    before = snapshot(bt)
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        call(bt)
+    assert_unchanged(bt, before)

@@ -1,0 +1,162 @@
+"""The seeded workload: deterministic, within the contract's limits, and reaching its corners."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from cp_blocktables.contract import INT32_MAX, NULL_BLOCK_ID
+from cp_blocktables.harness import presets
+from cp_blocktables.harness.workload import generate
+
+PRESET_NAMES = list(presets.PRESETS)
+SEEDS = [0, 1, 7]
+
+
+@pytest.fixture(scope="module", params=PRESET_NAMES)
+def preset(request) -> presets.Preset:
+    return presets.PRESETS[request.param]
+
+
+def test_same_seed_gives_the_same_workload(preset):
+    a, b = generate(preset, 3), generate(preset, 3)
+    assert a.digest == b.digest
+    assert [s.positions.tolist() for s in a.steps] == [s.positions.tolist() for s in b.steps]
+
+
+def test_other_seed_gives_another_workload(preset):
+    assert generate(preset, 0).digest != generate(preset, 1).digest
+
+
+@pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed{s}")
+def test_every_promised_corner_is_reached(preset, seed):
+    w = generate(preset, seed)
+    assert w.missing_corners() == [], f"{preset.name} seed {seed} misses {w.missing_corners()}"
+
+
+def test_sweep_covers_every_cp_size_and_interleave_range():
+    sweep = presets.resolve(["sweep"])
+    assert {p.cp_size for p in sweep} >= {1, 2, 4, 8}
+    promised = set().union(*(p.corners for p in sweep))
+    assert promised == set(presets.CORNERS)
+
+
+def _shape_ok(step, cfg) -> None:
+    assert step.num_tokens <= step.num_tokens_padded <= cfg.max_num_batched_tokens
+    assert step.num_reqs <= step.num_reqs_padded <= cfg.max_num_reqs
+    assert len(step.positions) >= step.num_tokens_padded
+    assert step.query_start_loc[0] == 0 and (np.diff(step.query_start_loc) >= 0).all()
+    assert step.idx_mapping.dtype == np.int32 and step.query_start_loc.dtype == np.int32
+    rows = step.idx_mapping[step.idx_mapping >= 0]
+    assert len(set(rows.tolist())) == len(rows), "a row appears twice in one batch"
+
+
+@pytest.mark.parametrize("seed", SEEDS, ids=lambda s: f"seed{s}")
+def test_steps_respect_the_contract(preset, seed):
+    """Shapes, capacities, block ids, positions inside the table, no block held twice."""
+    cfg = preset.config(0)
+    widths = cfg.max_num_blocks_per_group
+    held: list[dict[int, int]] = [{} for _ in widths]
+    blocks: dict[int, list[list[int]]] = {}
+    for step in generate(preset, seed).steps:
+        if step.kind == "dummy":
+            continue
+        _shape_ok(step, cfg)
+        for rel in step.releases:
+            for b in rel.block_ids:
+                assert held[rel.group].pop(b) == rel.uid
+        for a in step.appends:
+            if step.kind == "warmup" or not a.ledger:
+                continue
+            if a.overwrite:
+                blocks[a.uid] = [[] for _ in widths]
+            for g, ids in enumerate(a.block_ids):
+                for b in ids:
+                    assert NULL_BLOCK_ID < b <= INT32_MAX
+                    assert b not in held[g], f"block {b} of group {g} handed out twice"
+                    held[g][b] = a.uid
+                blocks[a.uid][g].extend(ids)
+                assert len(blocks[a.uid][g]) <= widths[g]
+        if step.kind == "real":
+            _positions_covered(step, cfg, blocks)
+
+
+def _positions_covered(step, cfg, blocks) -> None:
+    rows, uids = step.token_rows()
+    for t in np.flatnonzero(uids >= 0).tolist():
+        p = int(step.positions[t])
+        for g in range(cfg.num_kv_cache_groups):
+            virtual = cfg.block_sizes[g] * cfg.group_cp_size(g)
+            assert p // virtual < len(blocks[int(uids[t])][g]), "position past the request's blocks"
+
+
+def test_window_frees_only_blocks_wholly_below_the_window():
+    p = presets.PRESETS["cp1-window"]
+    cfg = p.config(0)
+    reach = cfg.effective_sliding_window_reach()
+    freed = 0
+    for step in generate(p, 0).steps:
+        for rel in step.releases:
+            if rel.reason != "window":
+                continue
+            freed += len(rel.columns)
+            batch = np.flatnonzero(step.uids == rel.uid)
+            if batch.size == 0:  # not scheduled this step: its blocks are not gathered
+                continue
+            nct = int(step.nct_rows[step.idx_mapping[batch[0]]])
+            for j in rel.columns:
+                assert (j + 1) * cfg.block_sizes[rel.group] <= nct - reach[rel.group]
+    assert freed > 0
+
+
+def test_no_window_frees_under_cp():
+    p = presets.PRESETS["default"]
+    assert any(g.window for g in p.groups) and p.cp_size > 1
+    releases = [r for s in generate(p, 0).steps for r in s.releases]
+    assert releases and all(r.reason == "finished" for r in releases)
+
+
+def test_large_id_presets_pass_2_31():
+    for name in ("cp1-window", "cp8-large-ids"):
+        p = presets.PRESETS[name]
+        biggest = p.block_id_base * min(p.block_sizes)
+        assert biggest >= 2**31, name
+        assert generate(p, 0).corners["slot_past_2_31"] > 0
+
+
+def test_bench_preset_fills_64k_tokens_per_step():
+    w = generate(presets.PRESETS["bench-64k"], 0)
+    assert min(s.num_tokens for s in w.steps) >= 60_000
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"max_batch_reqs": 99}, "max_batch_reqs"),
+        ({"max_model_len": 64}, "max_model_len"),
+        ({"block_id_base": 2**31 - 5}, "block ids"),
+        ({"corners": frozenset({"nope"})}, "unknown"),
+    ],
+    ids=["batch", "model_len", "ids", "corner"],
+)
+def test_bad_preset_is_refused(overrides, message):
+    import dataclasses
+
+    bad = dataclasses.replace(presets.PRESETS["cp2-i1"], **overrides)
+    with pytest.raises(ValueError, match=message):
+        bad.validate()
+
+
+def test_resolve_expands_aliases_and_refuses_unknown_names():
+    assert [p.name for p in presets.resolve(["sweep"])] == list(presets.SWEEP)
+    assert [p.name for p in presets.resolve(["default", "default"])] == ["default"]
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        presets.resolve(["nope"])
+
+
+def test_table_width_covers_the_longest_request(preset):
+    for g, w in enumerate(preset.max_num_blocks_per_group()):
+        virtual = preset.block_sizes[g] * preset.group_cp_size(g)
+        assert w == math.ceil(preset.max_model_len / virtual)
