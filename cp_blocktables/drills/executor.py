@@ -75,6 +75,8 @@ class ServingExecutor(runner._Executor):
                     pool.finish(f.uid)
         if step.kind == "real":
             for a in step.appends:
+                if a.expect_error:  # refused by contract: nothing was appended
+                    continue
                 for g, ids in enumerate(a.block_ids):
                     self.appended[g].update(ids)
                 if not self.in_warmup:

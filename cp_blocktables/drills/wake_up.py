@@ -110,6 +110,11 @@ class WakeUpPhase(Phase):
     sleep_before: set[int] = set()
     sleep_seed: list[int] = []
 
+    def _steps(self, workload, executor, checker) -> int:
+        if checker is not None:
+            checker = _ForgetsAtSleeps(checker, self.sleep_before)
+        return super()._steps(workload, executor, checker)
+
     def make_executor(self) -> ServingExecutor:
         return WakeUpExecutor(
             self.seat,
@@ -120,6 +125,22 @@ class WakeUpPhase(Phase):
             sleep_before=set(self.sleep_before),
             seed=list(self.sleep_seed),
         )
+
+
+class _ForgetsAtSleeps:
+    """The leader's checker, told before each slept step that the persistent
+    buffers' past contents were discarded with the device memory."""
+
+    def __init__(self, checker, sleep_before: set[int]) -> None:
+        self._checker, self._sleep_before = checker, sleep_before
+
+    def check_step(self, step, *args, **kwargs):
+        if step.index in self._sleep_before:
+            self._checker.forget_persistent()
+        return self._checker.check_step(step, *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._checker, name)
 
 
 def sleep_points(num_steps: int, cycles: int, idle_first: bool) -> set[int]:

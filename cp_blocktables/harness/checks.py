@@ -78,6 +78,14 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
 
     # ------------------------------------------------------------ entry points
 
+    def forget_persistent(self) -> None:
+        """The implementation's device memory was discarded (sleep mode, SPEC.md 8.4):
+        the persistent forward-pass tables and slot mappings hold nothing defined
+        until a call writes them again, so no check compares against their past."""
+        self.slot_model = None
+        for defined in self.table_defined:
+            defined[:] = False
+
     def check_step(
         self,
         step: Step,
