@@ -89,7 +89,7 @@ def drill_options(args: argparse.Namespace):
 
 def run_null_block(args: argparse.Namespace) -> int:
     opts = drill_options(args)
-    from ..harness.dist import spawn_local
+    from ..harness.spawn import spawn_local
     from .null_block import run_drill_rank
 
     if not opts.spawned:

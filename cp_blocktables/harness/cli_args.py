@@ -100,7 +100,7 @@ def add_world_arguments(p: argparse.ArgumentParser) -> None:
 def rank_env(args: argparse.Namespace):
     """The torchrun environment (None when the ranks are to be spawned), after
     checking --device and --backend against the machine."""
-    from .dist import RankEnv
+    from .group import RankEnv
 
     try:
         env = RankEnv.from_environ()
@@ -110,7 +110,24 @@ def rank_env(args: argparse.Namespace):
         raise UsageError("--device cuda: no CUDA device is visible")
     if args.device == "cpu" and args.backend == "nccl":
         raise UsageError("--backend nccl needs --device cuda (or auto)")
+    if env is not None and args.backend == "nccl":
+        check_gpu_per_rank(env.local_world_size)
     return env
+
+
+def check_gpu_per_rank(local_world_size: int) -> None:
+    """`--backend nccl` under torchrun: this agent's ranks need a GPU each. (Ranks of
+    another agent on the same host are counted by the census, `backend.decide`.)"""
+    from .backend import visible_gpus
+
+    gpus = visible_gpus()
+    if local_world_size > gpus:
+        fewer = f" or at most {gpus} ranks per host" if gpus else ""
+        raise UsageError(
+            f"--backend nccl needs a GPU per rank: local world size {local_world_size}, "
+            f"{gpus} GPU{'s' if gpus != 1 else ''} visible; use --backend gloo "
+            f"(ranks share GPUs){fewer}"
+        )
 
 
 def check_plan(opts, plan: Callable) -> None:
@@ -179,8 +196,8 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.list_presets:
         return list_presets()
     opts = verify_options(args)
-    from .dist import spawn_local
     from .runner import run_rank
+    from .spawn import spawn_local
 
     if not opts.spawned:
         return run_rank(opts)
