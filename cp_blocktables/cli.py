@@ -37,6 +37,7 @@ DRILL_ACTIONS: dict[str, Subcommand] = {
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "verify": harness_cli.VERIFY,
+    "soak": harness_cli.SOAK,
     "bench": Subcommand(
         "benchmarks: harness, kernels, plugin", actions_parser(BENCH_ACTIONS), run_action
     ),

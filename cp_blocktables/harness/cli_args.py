@@ -8,6 +8,7 @@ subcommands that run ranks (`drill null-block`, `soak`).
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 
 from ..cli_base import Subcommand, UsageError, cuda_visible, positive
@@ -208,4 +209,105 @@ VERIFY = Subcommand(
     "check that the CP ranks together cover every token exactly once",
     add_verify_arguments,
     run_verify,
+)
+
+
+# ---------------------------------------------------------------- soak
+
+
+def add_soak_arguments(p: argparse.ArgumentParser) -> None:
+    add_impl_argument(p)
+    p.add_argument(
+        "--preset",
+        action="append",
+        metavar="NAME",
+        help="preset or alias run each round (repeatable; default: sweep)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="first round's seed (round r: seed + r * world size)"
+    )
+    p.add_argument(
+        "--world-size",
+        type=positive(int),
+        default=4,
+        help="ranks to spawn when not under torchrun (default 4)",
+    )
+    p.add_argument(
+        "--cp-size",
+        type=positive(int),
+        default=None,
+        help="run every preset with this CP size (CP groups of the world)",
+    )
+    p.add_argument(
+        "--preset-steps",
+        type=positive(int),
+        default=None,
+        help="steps per preset instead of the preset's own count (shorter rounds)",
+    )
+    budget = p.add_argument_group("budget (the first one spent ends the soak; default 10 minutes)")
+    budget.add_argument("--minutes", type=positive(float), default=None, help="wall time")
+    budget.add_argument("--seconds", type=positive(float), default=None, help="wall time")
+    budget.add_argument("--steps", type=positive(int), default=None, help="steps verified")
+    budget.add_argument("--tokens", type=positive(int), default=None, help="tokens verified")
+    add_world_arguments(p)
+    p.add_argument("--report", metavar="PATH", help="write the totals and the last round as JSON")
+    p.add_argument("--junit", metavar="PATH", help="write the last round's JUnit XML")
+    p.add_argument("--quiet", action="store_true", help="print only the verdict")
+
+
+def soak_options(args: argparse.Namespace):
+    """`SoakOptions` from parsed arguments, checked for the world it will run in."""
+    from .runner import VerifyOptions, plan
+    from .soak import SoakOptions
+
+    env = rank_env(args)
+    if env is not None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        raise UsageError(
+            "soak needs a store that outlives the rounds: run it under torchrun "
+            "(its agent store) or spawned"
+        )
+    rounds = VerifyOptions(
+        impls=args.impl or [DEFAULT_IMPL],
+        presets=args.preset or ["sweep"],
+        seed=args.seed,
+        cp_size=args.cp_size,
+        steps=args.preset_steps,
+        backend=args.backend,
+        device=args.device,
+        timeout=args.timeout,
+        fail_fast=True,
+        quiet=args.quiet,
+        world_size=env.world_size if env else args.world_size,
+        spawned=env is None,
+    )
+    check_plan(rounds, plan)
+    seconds = None
+    if args.minutes is not None or args.seconds is not None:
+        seconds = 60 * (args.minutes or 0.0) + (args.seconds or 0.0)
+    if seconds is None and args.steps is None and args.tokens is None:
+        seconds = 600.0
+    return SoakOptions(
+        rounds=rounds,
+        seconds=seconds,
+        steps=args.steps,
+        tokens=args.tokens,
+        report_path=args.report,
+        junit_path=args.junit,
+    )
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    opts = soak_options(args)
+    from .soak import soak_rank
+    from .spawn import spawn_local
+
+    if not opts.rounds.spawned:
+        return soak_rank(opts)
+    return spawn_local(opts.rounds.world_size, lambda: soak_rank(opts), opts.rounds.timeout)
+
+
+SOAK = Subcommand(
+    "run presets with fresh seeds round after round until a budget is spent or a check breaks",
+    add_soak_arguments,
+    run_soak,
 )
