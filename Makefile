@@ -7,11 +7,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 VERIFY_ARGS ?=
+SOAK_ARGS ?=
 # bench: auto = cuda when torch sees a GPU, else cpu (Triton interpreter, reduced sizes).
 BENCH_DEVICE ?= auto
 BENCH_ARGS ?=
 
-.PHONY: install test lint verify clean bench
+.PHONY: install test lint verify soak clean bench
 
 install: $(STAMP)
 
@@ -27,6 +28,10 @@ test: $(STAMP)
 # The default preset sweep (cp_size 1, 2, 4 and 8) on CPU: 8 spawned gloo ranks.
 verify: $(STAMP)
 	$(PY) -m cp_blocktables verify --world-size 8 $(VERIFY_ARGS)
+
+# 20 s of soak on CPU: 2 gloo ranks, preset cp2-i1 in short rounds with fresh seeds.
+soak: $(STAMP)
+	$(PY) -m cp_blocktables soak --world-size 2 --preset cp2-i1 --preset-steps 8 --seconds 20 $(SOAK_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check cp_blocktables tests launch

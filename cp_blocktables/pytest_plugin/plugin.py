@@ -26,16 +26,14 @@ and ends with a one-line reproduction command.
 from __future__ import annotations
 
 import os
-import pickle
 import shlex
-import sys
 from dataclasses import dataclass
 
 import pytest
 
 from ..bench.plugin import bench_plugin_overhead
-from .rank_report import RANK_TABLE, RanksFailed, render, verdict
-from .worker import PLUGIN_FIXTURES, Task, WorkerFixture
+from .pool_runner import PoolRunner
+from .rank_report import RANK_TABLE, RanksFailed
 
 __all__ = ["RanksSpec", "bench_plugin_overhead", "ranks_spec"]
 
@@ -43,27 +41,6 @@ _SPEC = pytest.StashKey["RanksSpec"]()
 _BACKENDS = ("gloo", "nccl")
 _DEVICES = ("cpu", "cuda")
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-_PROCESS_BOUND_FIXTURES = frozenset(
-    [
-        "request",
-        "monkeypatch",
-        "capsys",
-        "capsysbinary",
-        "capfd",
-        "capfdbinary",
-        "caplog",
-        "recwarn",
-        "pytestconfig",
-        "cache",
-        "record_property",
-        "record_xml_attribute",
-        "record_testsuite_property",
-        "pytester",
-        "testdir",
-        "doctest_namespace",
-        "subtests",
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -174,7 +151,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         runner = SpmdRunner(config, *env)
     else:
-        runner = _PoolRunner(config)
+        runner = PoolRunner(config)
     config.stash[_RUNNER] = runner
 
 
@@ -307,128 +284,4 @@ def _skip_without_gpus(spec: RanksSpec) -> None:
         )
 
 
-class _PoolRunner:
-    """Runs marked tests on pooled rank processes (the default mode)."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        from .pool import PoolCache
-
-        self.config = config
-        self.fresh = config.getoption("ranks_fresh")
-        capture = config.getoption("capture") != "no"
-        self.pools = PoolCache(
-            config.getoption("ranks_max_pools"), capture, config.getoption("ranks_start_method")
-        )
-
-    def describe(self) -> str:
-        from .pool import default_start_method
-
-        method = self.config.getoption("ranks_start_method") or default_start_method()
-        reuse = "fresh per test" if self.fresh else "reused"
-        return f"rank pools started by {method}, {reuse}"
-
-    def launcher(self, spec: RanksSpec) -> str:
-        return "pytest"
-
-    def check(self, item: pytest.Function, spec: RanksSpec) -> None:
-        bound = sorted(set(item._fixtureinfo.argnames) & _PROCESS_BOUND_FIXTURES)
-        if bound:
-            pytest.fail(
-                f"fixtures {bound} act on the pytest process and cannot be used by the body "
-                "of a @pytest.mark.ranks test, which runs in the rank processes",
-                pytrace=False,
-            )
-
-    def fixture(self, item: pytest.Item, spec: RanksSpec, name: str) -> WorkerFixture:
-        return WorkerFixture(name)
-
-    def call(self, item: pytest.Function, spec: RanksSpec, repro: str) -> bool:
-        from .pool import PoolKey, PoolStartError
-
-        task = self._task(item)
-        try:
-            pool = self.pools.take(PoolKey(spec.world_size, spec.backend, spec.device))
-        except PoolStartError as exc:
-            problem = f"{exc}\n\n{repro}"
-        else:
-            problem = None
-        if problem is not None:
-            pytest.fail(problem, pytrace=False)
-        try:
-            result = pool.run(task, spec.timeout_s, self.config.getoption("ranks_grace"))
-        except BaseException:
-            pool.kill()
-            raise
-        if self.fresh:
-            pool.kill()
-        elif result.clean:
-            self.pools.give_back(pool)
-        else:
-            self.pools.replace(pool)
-        for r in range(spec.world_size):
-            for kind, texts in (("stdout", result.stdout), ("stderr", result.stderr)):
-                if texts.get(r):
-                    item.add_report_section("call", f"{kind} rank {r}", texts[r])
-        v = verdict(result.outcomes, spec.timeout_s)
-        if v.status == "skipped":
-            pytest.skip(v.headline)
-        if v.status == "xfailed":
-            pytest.xfail(v.headline)
-        if v.status == "failed":
-            context = f"{spec.describe()} seed={task_seed(item)}"
-            raise RanksFailed(render(result.outcomes, result.stacks, v.headline, context, repro))
-        return True
-
-    def _task(self, item: pytest.Function) -> Task:
-        names = item._fixtureinfo.argnames
-        values = {}
-        for name in names:
-            value = item.funcargs[name]
-            if name in PLUGIN_FIXTURES:
-                value = WorkerFixture(name)
-            values[name] = value
-        bad = [n for n in names if not _pickles(values[n])]
-        if bad:
-            pytest.fail(
-                f"argument(s) {bad} of a @pytest.mark.ranks test cannot be sent to the rank "
-                "processes (not picklable). A ranks test may take rank, world_size, device, "
-                "block_tables_factory and picklable parametrize or fixture values.",
-                pytrace=False,
-            )
-        module = item.module
-        return Task(
-            module_name=module.__name__,
-            module_path=getattr(module, "__file__", None),
-            attr_path=_attr_path(item),
-            kwargs=pickle.dumps(values),
-            sys_path=tuple(sys.path),
-            cwd=os.getcwd(),
-            seed=task_seed(item),
-            env=dict(os.environ),
-            tbstyle=self.config.getoption("tbstyle", "auto"),
-            showlocals=bool(self.config.getoption("showlocals", False)),
-        )
-
-    def close(self) -> None:
-        self.pools.close()
-
-
-_RUNNER = pytest.StashKey[_PoolRunner]()
-
-
-def task_seed(item: pytest.Item) -> int:
-    return item.config.getoption("ranks_seed")
-
-
-def _attr_path(item: pytest.Function) -> tuple[str, ...]:
-    if item.cls is None:
-        return (item.originalname,)
-    return (*item.cls.__qualname__.split("."), item.originalname)
-
-
-def _pickles(value: object) -> bool:
-    try:
-        pickle.dumps(value)
-    except Exception:
-        return False
-    return True
+_RUNNER = pytest.StashKey[object]()  # PoolRunner, or SpmdRunner under torchrun

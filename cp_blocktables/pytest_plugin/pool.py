@@ -3,8 +3,8 @@
 Starting N processes that each import torch costs seconds; running a test body on
 processes that are already in a process group costs milliseconds. A `RankPool` is N
 `worker` processes sharing one process group, forked from a fork server that
-imported torch once (or spawned); `PoolCache` keeps pools by `PoolKey` (world size,
-backend, device) between tests.
+imported torch once (or spawned); `pool_runner.PoolCache` keeps pools by `PoolKey`
+(world size, backend, device) between tests.
 
 Invariants:
 - a pool is reused only after a test in which every rank answered and none failed, and
@@ -28,11 +28,10 @@ import signal
 import tempfile
 import time
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from . import worker
-from .worker import Outcome, Task, WorkerSpec, pool_file
+from .protocol import ORPHAN_WATCH_FRAME, STACK_SIGNAL, Outcome, Task, WorkerSpec, pool_file
 
 START_TIMEOUT_S = 180.0
 """Longest wait for N fresh processes to import torch and join their process group."""
@@ -256,11 +255,11 @@ class RankPool:
         live = [r for r in ranks if self._procs[r].is_alive()]
         if not live:
             return {}
-        if worker.STACK_SIGNAL is None:
+        if STACK_SIGNAL is None:
             return {r: "(no stack: this platform has no SIGUSR1)" for r in live}
         for r in live:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._procs[r].pid, worker.STACK_SIGNAL)
+                os.kill(self._procs[r].pid, STACK_SIGNAL)
         deadline = time.monotonic() + STACK_WAIT_S
         sizes = {r: -1 for r in live}
         while time.monotonic() < deadline and live:
@@ -276,7 +275,7 @@ class RankPool:
         """The rank's stack dump without the worker's own orphan-watch thread."""
         text = _read(pool_file(self.dir, "stack", rank))
         blocks = text.split("\n\n")
-        kept = [b for b in blocks if worker.ORPHAN_WATCH_FRAME not in b]
+        kept = [b for b in blocks if ORPHAN_WATCH_FRAME not in b]
         return "\n\n".join(kept)
 
     def request_stop(self) -> None:
@@ -313,61 +312,6 @@ class RankPool:
         self._procs, self._conns = [], []
         shutil.rmtree(self.dir, ignore_errors=True)
         _LIVE.discard(self)
-
-
-class PoolCache:
-    """Keeps up to `max_pools` idle pools, least recently used evicted first."""
-
-    def __init__(
-        self, max_pools: int = 2, capture: bool = True, start_method: str | None = None
-    ) -> None:
-        self.max_pools = max(1, max_pools)
-        self.capture = capture
-        self.start_method = start_method
-        self._idle: OrderedDict[PoolKey, RankPool] = OrderedDict()
-
-    def take(self, key: PoolKey) -> RankPool:
-        """A started pool for `key`; one that served before must pass a health check first."""
-        pool = self._idle.pop(key, None)
-        if pool is not None and pool.ready and not pool.healthy():
-            pool.kill()
-            pool = None
-        pool = pool or RankPool(key, self.capture, self.start_method)
-        try:
-            pool.wait_ready()
-        except BaseException:
-            pool.kill()
-            raise
-        return pool
-
-    def give_back(self, pool: RankPool) -> None:
-        """Keep a pool that ended its test cleanly for the next test with the same key."""
-        self._keep(pool)
-
-    def replace(self, pool: RankPool) -> None:
-        """Kill a pool that must not be reused and launch its replacement in the background.
-
-        The next test with the same key then finds processes that have been importing
-        torch while the pytest process reported the failure.
-        """
-        pool.kill()
-        self._keep(RankPool(pool.key, self.capture, self.start_method))
-
-    def _keep(self, pool: RankPool) -> None:
-        self._idle[pool.key] = pool
-        self._idle.move_to_end(pool.key)
-        while len(self._idle) > self.max_pools:
-            _, oldest = self._idle.popitem(last=False)
-            oldest.close()
-
-    def close(self) -> None:
-        """Stop every idle pool, all within one short deadline."""
-        pools, self._idle = list(self._idle.values()), OrderedDict()
-        for pool in pools:
-            pool.request_stop()
-        deadline = time.monotonic() + 2.0
-        for pool in pools:
-            pool.close(deadline)
 
 
 _LIVE: weakref.WeakSet[RankPool] = weakref.WeakSet()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from .worker import Outcome
+from .protocol import Outcome
 
 RANK_TABLE = pytest.StashKey[str]()
 """Per-rank status table attached to a test item whose own traceback pytest prints."""

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
+from .protocol import Outcome, make_block_tables_factory, seed_everything
 from .rank_report import RANK_TABLE, RanksFailed, render, status_table, verdict
-from .worker import Outcome, make_block_tables_factory, seed_everything
 
 _WATCHDOG_SLACK_S = 30.0
 

@@ -60,8 +60,13 @@ def test_config_mismatch_between_ranks_is_reported_by_field_and_rank():
     assert "rank 0: 1" in outs[0] and "rank 1: 2" in outs[0]
 
 
-def test_rank_that_never_reaches_the_collective_is_named_within_the_timeout():
-    port, marker = free_port(), "absent"
+@pytest.mark.parametrize("backend", ["auto", "gloo"])
+def test_rank_that_never_reaches_the_collective_is_named_within_the_timeout(backend):
+    """The absent rank joins the store but never runs the harness. Under `auto` the
+    census of hosts and GPUs that picks the backend names it; under an explicit
+    `gloo` (no census) the first collective's heartbeats do. Both within the timeout,
+    on any machine: with GPUs, `auto` no longer picks NCCL against a gloo peer."""
+    port, marker = free_port(), f"absent-{backend}"
     joiner = (
         "import time, datetime, torch.distributed as d; "
         "d.init_process_group('gloo', timeout=datetime.timedelta(seconds=60)); "
@@ -71,7 +76,7 @@ def test_rank_that_never_reaches_the_collective_is_named_within_the_timeout():
     try:
         t0 = time.monotonic()
         proc = subprocess.run(
-            _verify_cmd("--timeout", "5"),
+            _verify_cmd("--timeout", "5", "--backend", backend),
             cwd=ROOT,
             env=_rank_env(0, 2, port, marker),
             capture_output=True,

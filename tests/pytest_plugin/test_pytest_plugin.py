@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from cp_blocktables.pytest_plugin import ranks_spec
+from cp_blocktables.pytest_plugin.protocol import Outcome
 from cp_blocktables.pytest_plugin.rank_report import verdict
-from cp_blocktables.pytest_plugin.worker import Outcome
 
 pytest_plugins = ["pytester"]
 
