@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from . import presets
 from .impl_loader import DEFAULT_IMPL, ImplSpecError, load_impl
+from .mutate.command import add_mutate_arguments, run_mutate
 
 
 @dataclass(frozen=True)
@@ -480,6 +481,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "drills: the null-block warm-up on live state, and rank faults",
         _actions_parser(DRILL_ACTIONS),
         _run_action,
+    ),
+    "mutate": Subcommand(
+        "mutation testing: Cosmic Ray mutates a copy of the implementation, the harness must fail",
+        add_mutate_arguments,
+        run_mutate,
     ),
 }
 
