@@ -276,7 +276,7 @@ class BlockTables:
         rows = max(num_reqs, self._input_rows_written)
         for t in self.input_block_tables:
             t[:rows].zero_()
-        self._input_rows_written = 0
+        self._input_rows_written = num_reqs
         return tuple(t[:num_reqs] for t in self.input_block_tables)
 
     # ------------------------------------------------------------ slot mappings
