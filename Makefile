@@ -12,7 +12,7 @@ SOAK_ARGS ?=
 BENCH_DEVICE ?= auto
 BENCH_ARGS ?=
 
-.PHONY: install test lint verify soak clean bench
+.PHONY: install test lint verify soak clean bench mutate
 
 install: $(STAMP)
 
@@ -36,6 +36,12 @@ soak: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check cp_blocktables tests launch
 	$(PY) -m ruff format --check cp_blocktables tests launch
+
+# Mutation testing: Cosmic Ray mutates a copy of the implementation, the harness must fail it.
+# MUTATE_ARGS='--sample 40 --seed 1' for a quick CI-sized run (docs/mutation.md).
+MUTATE_ARGS ?=
+mutate: $(STAMP)
+	$(PY) -m cp_blocktables mutate --progress $(MUTATE_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m cp_blocktables bench kernels --device $(BENCH_DEVICE) $(BENCH_ARGS)

@@ -21,6 +21,7 @@ from .bench import cli_args as bench_cli
 from .cli_base import Subcommand, UsageError, actions_parser, run_action
 from .drills import cli_args as drill_cli
 from .harness import cli_args as harness_cli
+from .mutate.command import add_mutate_arguments, run_mutate
 
 __all__ = ["BENCH_ACTIONS", "DRILL_ACTIONS", "SUBCOMMANDS", "UsageError", "build_parser", "main"]
 
@@ -41,6 +42,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "soak": harness_cli.SOAK,
     "bench": Subcommand(
         "benchmarks: harness, kernels, plugin", actions_parser(BENCH_ACTIONS), run_action
+    ),
+    "mutate": Subcommand(
+        "mutation testing: Cosmic Ray mutates a copy of the implementation, the harness must fail",
+        add_mutate_arguments,
+        run_mutate,
     ),
     "drill": Subcommand(
         "drills: the null-block warm-up and sleep/wake-up on live state, and rank faults",

@@ -1,0 +1,200 @@
+"""`cp-blocktables mutate`: mutation testing of the implementation against the harness.
+
+Steps: copy the implementation modules (`scratch`), run the harness once on
+the unmutated copy (a baseline that must pass, and whose wall time sets the
+default per-mutant timeout), `cosmic-ray init`, keep a fixed sample when
+asked, `cosmic-ray exec`, then classify and report (`outcome`).
+
+Exit codes: 0 every executed mutant was killed (or timed out, or does not
+import) or is allowlisted as equivalent in docs/mutation.md; 1 an unexplained
+survivor; 2 bad usage, Cosmic Ray missing, or the baseline failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import outcome, scratch, session
+from .probe import INCOMPETENT_EXIT
+
+DEFAULT_PRESETS = ("mutation", "mutation-cp1")
+
+
+def add_mutate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run a fixed random sample of N mutants (default: all)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument(
+        "--modules",
+        action="append",
+        metavar="NAME",
+        help="mutate only these implementation modules (dotted, relative to the "
+        "package, e.g. kernels or buffers; repeatable or comma-separated)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds per mutant (default: 5x the baseline run, at least 60)",
+    )
+    p.add_argument("--report", metavar="PATH", help="write figures and every verdict as JSON")
+    p.add_argument(
+        "--preset",
+        action="append",
+        metavar="NAME",
+        help=f"harness presets per mutant (default: {' '.join(DEFAULT_PRESETS)})",
+    )
+    p.add_argument("--world-size", type=int, default=2, help="harness ranks (default 2)")
+    p.add_argument(
+        "--allowlist",
+        metavar="PATH",
+        help="argued-equivalent mutants (default: docs/mutation.md of the project)",
+    )
+    p.add_argument(
+        "--work-dir",
+        metavar="DIR",
+        help="keep the copy, config, session (sqlite) and log here "
+        "(default: a temporary directory, removed afterwards)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="build the copy and the session, print the mutant count, run nothing",
+    )
+    p.add_argument("--progress", action="store_true", help="print progress every 30 s")
+
+
+def _project() -> tuple[Path, Path]:
+    """(the package directory, the project root) of the `cp_blocktables` being run."""
+    import cp_blocktables
+
+    source_dir = Path(cp_blocktables.__file__).resolve().parent
+    return source_dir, source_dir.parent
+
+
+def test_command(
+    sp: scratch.ScratchPackage, presets: list[str], world_size: int, collective_timeout: float
+) -> list[str]:
+    """The per-mutant command: the probe, then `verify --impl` on the copy."""
+    imports = [f"{sp.package}.{name}" for name in sorted(sp.modules)]
+    cmd = [sys.executable, "-m", "cp_blocktables.mutate.probe", "--scratch", str(sp.root)]
+    for name in imports:
+        cmd += ["--import", name]
+    cmd += [
+        "--",
+        "verify",
+        "--impl",
+        sp.entry_impl(),
+        "--world-size",
+        str(world_size),
+        "--seed",
+        "0",
+        "--fail-fast",
+        "--quiet",
+        "--no-progress",
+        "--timeout",
+        f"{collective_timeout:g}",
+    ]
+    for name in presets:
+        cmd += ["--preset", name]
+    return cmd
+
+
+def run_mutate(args: argparse.Namespace) -> int:
+    try:
+        session.require_cosmic_ray()
+    except session.CosmicRayError as e:
+        print(f"cp-blocktables mutate: error: {e}", file=sys.stderr)
+        return 2
+    source_dir, root = _project()
+    work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="cpbt-mutate-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run(args, source_dir, root, work.resolve())
+    except (ValueError, FileNotFoundError, session.CosmicRayError) as e:
+        print(f"cp-blocktables mutate: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if not args.work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> int:
+    started = time.monotonic()
+    sp = scratch.build_scratch(work / "src", source_dir)
+    patterns = [x for m in args.modules or [] for x in m.split(",") if x]
+    chosen = sp.select(patterns)
+    presets = args.preset or list(DEFAULT_PRESETS)
+    env = session.child_env([root])
+    probe_timeout = args.timeout or 600.0
+    cmd = test_command(sp, presets, args.world_size, max(10.0, probe_timeout / 2))
+    config, db, log = work / "cosmic-ray.toml", work / "session.sqlite", work / "exec.log"
+    origins = {str(sp.modules[n]): str(sp.origins[n].relative_to(root)) for n in sp.modules}
+    print(f"mutate: {len(chosen)} modules: {', '.join(origins[str(p)] for p in chosen.values())}")
+    if not args.dry_run:
+        t0 = time.monotonic()
+        code, out = session.run_test_command(cmd, env, probe_timeout)
+        baseline = time.monotonic() - t0
+        if code != 0:
+            what = "does not import" if code == INCOMPETENT_EXIT else f"fails (exit {code})"
+            print(
+                f"cp-blocktables mutate: error: the unmutated copy {what}; nothing to "
+                f"measure\n{out[-4000:]}",
+                file=sys.stderr,
+            )
+            return 2
+        timeout = args.timeout or max(60.0, 5 * baseline)
+        print(f"mutate: baseline passed in {baseline:.1f} s; timeout {timeout:.0f} s a mutant")
+        cmd = test_command(sp, presets, args.world_size, max(10.0, timeout / 2))
+    else:
+        timeout = args.timeout or 60.0
+    session.write_config(config, list(chosen.values()), cmd, timeout)
+    session.cosmic_ray(["init", str(config), str(db), "--force"], env=env)
+    total = session.count(db)[1]
+    annotation = session.skip_annotations(db)
+    pending = total - annotation
+    if args.sample is not None:
+        pending = session.sample(db, args.sample, args.seed)
+    print(
+        f"mutate: {total} mutants, {annotation} in never-evaluated annotations, {pending} to run"
+        + (f" (sample of {args.sample}, seed {args.seed})" if args.sample is not None else "")
+    )
+    if args.dry_run:
+        return 0
+    session.execute(config, db, env, log, args.progress)
+    allow_path = Path(args.allowlist) if args.allowlist else root / "docs" / "mutation.md"
+    vs = outcome.verdicts(session.read_mutants(db), origins, outcome.read_allowlist(allow_path))
+    summary = outcome.summarize(vs, total, annotation)
+    wall = time.monotonic() - started
+    print(outcome.render(summary, vs))
+    print(f"wall time: {wall:.0f} s")
+    if args.report:
+        report = {
+            "date": datetime.date.today().isoformat(),
+            "command": ["cp-blocktables", "mutate", *sys.argv[2:]],
+            "test_command": cmd,
+            "presets": presets,
+            "world_size": args.world_size,
+            "modules": sorted(origins[str(p)] for p in chosen.values()),
+            "sample": args.sample,
+            "seed": args.seed,
+            "timeout_s": timeout,
+            "wall_s": round(wall, 1),
+            **summary,
+            "verdicts": [v.as_dict() for v in vs],
+        }
+        Path(args.report).write_text(json.dumps(report, indent=1) + "\n")
+    return 1 if summary["unexplained_survivors"] else 0

@@ -1,0 +1,152 @@
+"""Classify mutants, match them against the allowlist of argued-equivalent ones, report.
+
+Classes (each executed mutant has exactly one):
+
+* `killed`: the harness exited non-zero;
+* `timeout`: the run passed the per-mutant timeout (Cosmic Ray kills it and
+  records it as killed with the output `timeout`; reported separately);
+* `incompetent`: the mutant does not import (the probe's marker), or Cosmic
+  Ray could not run it;
+* `survived`: the harness passed; `equivalent` when its id is allowlisted.
+
+Not run: `annotation`, a mutant inside an annotation that is never evaluated
+(`from __future__ import annotations`), equivalent by construction and
+skipped before `exec` (counted, never run); sampled-out mutants.
+
+A mutant's id (`m-` and 10 hex digits) hashes the module, the operator, the
+enclosing definition and the changed source lines, not Cosmic Ray's
+occurrence number or line number, so it survives edits elsewhere in the file.
+The allowlist is every id in a `### ` heading of the `## Equivalent mutants`
+section of docs/mutation.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from .probe import INCOMPETENT_MARKER
+from .session import ANNOTATION_SKIP, Mutant
+
+_ID = re.compile(r"\bm-[0-9a-f]{10}\b")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One executed mutant, classified, with its diff against the original source."""
+
+    id: str
+    module: str  # the original file, relative to the project root
+    line: int
+    operator: str
+    definition: str | None
+    outcome: str  # killed, timeout, incompetent, survived, equivalent
+    diff: str
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def changed_lines(diff: str) -> tuple[list[str], list[str]]:
+    """The removed and added lines of a unified diff, stripped."""
+    minus = [x[1:].strip() for x in diff.splitlines() if x.startswith("-") and x[:3] != "---"]
+    plus = [x[1:].strip() for x in diff.splitlines() if x.startswith("+") and x[:3] != "+++"]
+    return minus, plus
+
+
+def mutant_id(module: str, operator: str, definition: str | None, diff: str) -> str:
+    minus, plus = changed_lines(diff)
+    text = "\n".join([module, operator, definition or "", *minus, "=>", *plus])
+    return "m-" + hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def classify(m: Mutant) -> str | None:
+    """The class of an executed mutant; None when it was not run (pending, skipped, no-test)."""
+    if m.worker_outcome == "skipped" and m.output == ANNOTATION_SKIP:
+        return "annotation"
+    if m.worker_outcome in (None, "skipped", "no-test"):
+        return None
+    if m.worker_outcome != "normal" or m.test_outcome == "incompetent":
+        return "incompetent"
+    if INCOMPETENT_MARKER in m.output:
+        return "incompetent"
+    if m.test_outcome == "killed":
+        return "timeout" if m.output.strip() == "timeout" else "killed"
+    return "survived"
+
+
+def read_allowlist(path: Path | None) -> set[str]:
+    """Ids in `### ` headings of the `## Equivalent mutants` section of `path`."""
+    if path is None or not path.is_file():
+        return set()
+    ids: set[str] = set()
+    inside = False
+    for line in path.read_text().splitlines():
+        if line.startswith("## "):
+            inside = line.strip().lower() == "## equivalent mutants"
+        elif inside and line.startswith("### "):
+            ids.update(_ID.findall(line))
+    return ids
+
+
+def verdicts(mutants: list[Mutant], origins: dict[str, str], allowlist: set[str]) -> list[Verdict]:
+    """Executed mutants, classified. `origins` maps a copied file to its original's name."""
+    out = []
+    for m in mutants:
+        cls = classify(m)
+        if cls is None or cls == "annotation":
+            continue
+        module = origins.get(m.module_path, m.module_path)
+        diff = m.diff.replace("--- mutation diff ---\n", "")
+        diff = diff.replace(f"a/{m.module_path}", f"a/{module}").replace(
+            f"b/{m.module_path}", f"b/{module}"
+        )
+        mid = mutant_id(module, m.operator, m.definition, diff)
+        if cls == "survived" and mid in allowlist:
+            cls = "equivalent"
+        out.append(Verdict(mid, module, m.line, m.operator, m.definition, cls, diff))
+    return out
+
+
+def summarize(vs: list[Verdict], total: int, annotation: int = 0) -> dict:
+    """Counts and kill rates. Kill rate: (killed + timeout) over the competent mutants run;
+    the second rate also counts argued-equivalent survivors as not needing a kill."""
+    c = Counter(v.outcome for v in vs)
+    competent = c["killed"] + c["timeout"] + c["survived"] + c["equivalent"]
+    dead = c["killed"] + c["timeout"]
+    return {
+        "mutants_total": total,
+        "annotation_skipped": annotation,
+        "mutants_run": len(vs),
+        "killed": c["killed"],
+        "timeout": c["timeout"],
+        "survived": c["survived"] + c["equivalent"],
+        "equivalent": c["equivalent"],
+        "unexplained_survivors": c["survived"],
+        "incompetent": c["incompetent"],
+        "kill_rate": dead / competent if competent else 1.0,
+        "kill_rate_excluding_equivalent": (
+            dead / (competent - c["equivalent"]) if competent > c["equivalent"] else 1.0
+        ),
+    }
+
+
+def render(summary: dict, vs: list[Verdict], show_killed: bool = False) -> str:
+    """The terminal report: figures, then every survivor with its diff."""
+    s = summary
+    lines = [
+        f"mutants: {s['mutants_run']} run of {s['mutants_total']} "
+        f"({s['annotation_skipped']} in never-evaluated annotations, not run)",
+        f"killed: {s['killed']}  timeouts: {s['timeout']}  incompetent: {s['incompetent']}  "
+        f"survived: {s['survived']} ({s['equivalent']} allowlisted as equivalent)",
+        f"kill rate: {s['kill_rate']:.1%} "
+        f"({s['kill_rate_excluding_equivalent']:.1%} excluding argued-equivalent mutants)",
+    ]
+    for v in sorted(vs, key=lambda v: (v.module, v.line, v.id)):
+        if v.outcome == "survived" or v.outcome == "equivalent" or show_killed:
+            tag = "equivalent (allowlisted)" if v.outcome == "equivalent" else v.outcome.upper()
+            lines += ["", f"{v.id} {tag}: {v.module}:{v.line} {v.operator}", v.diff.rstrip()]
+    return "\n".join(lines)

@@ -1,0 +1,255 @@
+"""Drive Cosmic Ray 8.x: config, `init`, sampling, baseline, `exec`, results.
+
+Cosmic Ray is run as its own CLI (`cosmic-ray init`/`exec`, the `local`
+distributor, one mutant at a time); only sampling and reading results use its
+session API (`cosmic_ray.work_db`), the same way its `cr-filter-*` tools do.
+A sampled-out mutant gets the result `skipped`, so `exec` leaves it alone and
+reports never count it as run.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+_CR_MAIN = "import sys; from cosmic_ray.cli import main; sys.exit(main())"
+
+
+class CosmicRayError(RuntimeError):
+    """Cosmic Ray is missing or one of its commands failed."""
+
+
+def require_cosmic_ray() -> None:
+    try:
+        import cosmic_ray  # noqa: F401
+    except ImportError:
+        raise CosmicRayError(
+            "cosmic-ray is not installed: pip install 'cosmic-ray>=8.7' "
+            "(or pip install -e '.[test]')"
+        ) from None
+
+
+def write_config(path: Path, modules: list[Path], test_command: list[str], timeout: float) -> None:
+    """A Cosmic Ray config (TOML) mutating `modules` and running `test_command`."""
+    paths = ", ".join(json.dumps(str(m)) for m in modules)
+    path.write_text(
+        "[cosmic-ray]\n"
+        f"module-path = [{paths}]\n"
+        f"timeout = {float(timeout)}\n"
+        "excluded-modules = []\n"
+        f"test-command = {json.dumps(shlex.join(test_command))}\n"
+        "\n[cosmic-ray.distributor]\n"
+        'name = "local"\n'
+    )
+
+
+def cosmic_ray(args: list[str], env: dict[str, str] | None = None, log=None) -> None:
+    """Run `cosmic-ray ARGS` with this interpreter; `CosmicRayError` on a non-zero exit."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _CR_MAIN, *args],
+        env=env,
+        stdout=log or subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    if proc.returncode != 0:
+        tail = "" if log else (proc.stdout or "")[-2000:]
+        raise CosmicRayError(f"cosmic-ray {args[0]} exited {proc.returncode}\n{tail}")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One executed (or pending) mutant as read back from the session."""
+
+    job_id: str
+    module_path: str
+    operator: str
+    occurrence: int
+    line: int
+    definition: str | None
+    worker_outcome: str | None  # normal, exception, abnormal, no-test, skipped; None: pending
+    test_outcome: str | None  # killed, survived, incompetent
+    output: str
+    diff: str
+
+
+def _key(item) -> tuple:
+    m = item.mutations[0]
+    return (str(m.module_path), m.operator_name, m.occurrence)
+
+
+def sample(session: Path, n: int, seed: int) -> int:
+    """Keep a fixed random sample of `n` mutants pending; mark the rest skipped.
+
+    The sample depends only on `(n, seed)` and the set of mutants (ordered by
+    module, operator and occurrence, never by Cosmic Ray's random job ids).
+    Returns how many stay pending.
+    """
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        items = sorted(db.pending_work_items, key=_key)
+        if n >= len(items):
+            return len(items)
+        keep = {id(x) for x in random.Random(seed).sample(items, n)}
+        skipped = [x.job_id for x in items if id(x) not in keep]
+        db.set_multiple_results(skipped, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
+    return n
+
+
+def skip_annotations(session: Path) -> int:
+    """Mark mutants inside annotations of `from __future__ import annotations` modules skipped.
+
+    Such annotations are strings that nothing evaluates, so a mutant there is
+    equivalent by construction; running it would only cost a harness run.
+    Their result is `skipped` with the output `ANNOTATION_SKIP`. Returns how many.
+    """
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    spans: dict[str, list[tuple[tuple[int, int], tuple[int, int]]]] = {}
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        hits = []
+        for item in db.pending_work_items:
+            m = item.mutations[0]
+            path = str(m.module_path)
+            if path not in spans:
+                spans[path] = annotation_spans(Path(path).read_text())
+            pos = tuple(m.start_pos)
+            if any(lo <= pos < hi for lo, hi in spans[path]):
+                hits.append(item.job_id)
+        result = WorkResult(worker_outcome=WorkerOutcome.SKIPPED, output=ANNOTATION_SKIP)
+        db.set_multiple_results(hits, result)
+    return len(hits)
+
+
+ANNOTATION_SKIP = "skipped: inside an annotation that is never evaluated"
+
+
+def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """`((line, col), (end_line, end_col))` of every annotation, when the module has
+    `from __future__ import annotations` (else none: annotations are then evaluated)."""
+    tree = ast.parse(source)
+    postponed = any(
+        isinstance(n, ast.ImportFrom)
+        and n.module == "__future__"
+        and any(a.name == "annotations" for a in n.names)
+        for n in tree.body
+    )
+    if not postponed:
+        return []
+    nodes = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.arg) and n.annotation is not None:
+            nodes.append(n.annotation)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.returns is not None:
+            nodes.append(n.returns)
+        elif isinstance(n, ast.AnnAssign):
+            nodes.append(n.annotation)
+    return [((a.lineno, a.col_offset), (a.end_lineno, a.end_col_offset)) for a in nodes]
+
+
+def count(session: Path) -> tuple[int, int]:
+    """(results recorded, work items) of a session, read while `exec` may be running."""
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        return db.num_results, db.num_work_items
+
+
+def read_mutants(session: Path) -> list[Mutant]:
+    """Every work item of the session with its result (if any), in a stable order."""
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    out = []
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        done = list(db.completed_work_items)
+        pending = [(item, None) for item in db.pending_work_items]
+    for item, result in sorted(done + pending, key=lambda x: _key(x[0])):
+        m = item.mutations[0]
+        out.append(
+            Mutant(
+                job_id=item.job_id,
+                module_path=str(m.module_path),
+                operator=m.operator_name,
+                occurrence=m.occurrence,
+                line=m.start_pos[0],
+                definition=m.definition_name,
+                worker_outcome=result.worker_outcome.value if result else None,
+                test_outcome=result.test_outcome.value if result and result.test_outcome else None,
+                output=(result.output or "") if result else "",
+                diff=(result.diff or "") if result else "",
+            )
+        )
+    return out
+
+
+def run_test_command(command: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
+    """Run the test command once on the unmutated copy: (exit code, output)."""
+    env = dict(env, PYTHONDONTWRITEBYTECODE="1")
+    try:
+        proc = subprocess.run(
+            command,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired:
+        return 124, f"baseline timed out after {timeout:.0f} s"
+    return proc.returncode, proc.stdout
+
+
+def execute(
+    config: Path, session: Path, env: dict[str, str], log_path: Path, progress: bool
+) -> None:
+    """`cosmic-ray exec`, printing progress to stderr every 30 s when asked."""
+    with log_path.open("a") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _CR_MAIN, "exec", str(config), str(session)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            last = None
+            while True:
+                try:
+                    proc.wait(timeout=30)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if not progress:
+                    continue
+                try:
+                    state = count(session)
+                except Exception:  # noqa: BLE001 - the session is busy; try again later
+                    continue
+                if state != last:
+                    print(f"mutate: {state[0]}/{state[1]} results", file=sys.stderr)
+                    last = state
+        except BaseException:
+            proc.terminate()
+            proc.wait()
+            raise
+    if proc.returncode != 0:
+        raise CosmicRayError(f"cosmic-ray exec exited {proc.returncode} (log: {log_path})")
+
+
+def child_env(paths: list[Path]) -> dict[str, str]:
+    """This environment with `paths` first on PYTHONPATH."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [*(str(p) for p in paths), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+    )
+    return env
