@@ -57,9 +57,10 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
         self.block_sizes = cfg.block_sizes
         self.kernel_sizes = cfg.kernel_block_sizes
         self.m = [preset.kernel_factor(g) for g in range(self.num_groups)]
-        self.group_cp = [cfg.group_cp_size(g) for g in range(self.num_groups)]
+        rules = self.refs[0].rules  # read from the raw arguments, never the contract's helpers
+        self.group_cp = rules.group_cp
         self.enabled = cfg.slot_mapping_enabled
-        self.reach = cfg.effective_sliding_window_reach()
+        self.reach = rules.reach
         self.kv = [[{} for _ in range(self.num_groups)] for _ in range(self.cp_size)]
         self.holders: list[dict[int, int]] = [{} for _ in range(self.num_groups)]
         self.req_blocks: dict[int, list[list[int]]] = {}

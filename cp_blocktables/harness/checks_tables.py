@@ -30,7 +30,7 @@ class _TableChecks:
     def _init_table_model(self, cfg) -> None:
         self.table_values = []
         self.table_defined = []
-        self.widths = [cfg.table_width(g) for g in range(cfg.num_kv_cache_groups)]
+        self.widths = list(self.refs[0].rules.width)
         for w in self.widths:
             self.table_values.append(np.zeros((cfg.max_num_reqs, w), dtype=np.int64))
             self.table_defined.append(np.zeros((cfg.max_num_reqs, w), dtype=bool))

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import reference
 from .presets import CORNERS, Preset
 
 if TYPE_CHECKING:
@@ -102,13 +103,14 @@ class _LifeCycle:
         cfg = preset.config(0)
         self.cfg = cfg
         self.num_groups = cfg.num_kv_cache_groups
-        self.reach = cfg.effective_sliding_window_reach()
+        rules = reference.ReferenceBlockTables(cfg).rules  # not the contract's helpers
+        self.reach = rules.reach
         self.pass_nct = any(w > 0 for w in cfg.sliding_window_reach)
         pool = preset.block_pool_size()
         self.alloc = [
             _Allocator(preset.block_id_base + g * pool, pool) for g in range(self.num_groups)
         ]
-        self.virtual = [cfg.block_sizes[g] * cfg.group_cp_size(g) for g in range(self.num_groups)]
+        self.virtual = [b * c for b, c in zip(rules.block_sizes, rules.group_cp)]
         self.free_rows = list(range(cfg.max_num_reqs))
         self.used_rows: set[int] = set()
         self.running: dict[int, _Request] = {}
