@@ -288,7 +288,8 @@ class _Generator(_LifeCycle, _Writes):
             entries = [entries[i] for i in rng.permutation(len(entries)).tolist()]
         else:
             entries = sorted(entries, key=lambda e: e[1])
-        if step.kind == "real" and rng.random() < p.dummy_req_prob:
+        dummies = rng.random() < p.dummy_req_prob or self._overdue("dummy_request")
+        if step.kind == "real" and dummies:
             for _ in range(int(rng.integers(1, 3))):
                 if len(entries) < cfg.max_num_reqs:
                     at = int(rng.integers(len(entries) + 1))
