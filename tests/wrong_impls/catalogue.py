@@ -431,7 +431,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "overflow_partly_staged": (f"{_MODULE}:OverflowPartlyStaged", 6),
     "rare_wrong_slot": (f"{_MODULE}:RareWrongSlot", 2),
     "last_rank_off_by_one": (f"{_MODULE}:LastRankOffByOne", 1),
-    "virtual_block_from_allocator": (f"{_MODULE}:VirtualBlockFromAllocator", 1),
+    "virtual_block_from_allocator": (f"{_MODULE}:VirtualBlockFromAllocator", 2),
     "expansion_reversed": (f"{_MODULE}:ExpansionReversed", 6),
     "counts_in_allocator_blocks": (f"{_MODULE}:CountsInAllocatorBlocks", 6),
     "capacity_before_expansion": (f"{_MODULE}:CapacityBeforeExpansion", 8),
