@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from . import kernels
+from . import guards, integrity, kernels
 from .buffers import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor
 from .contract import INT32_MAX, NULL_BLOCK_ID, PAD_SLOT_ID, BlockTablesConfig
 
@@ -60,6 +60,7 @@ class BlockTables:
         slot_mapping_enabled: list[bool] | None = None,
         dcp_sharded: list[bool] | None = None,
         sliding_window_reach: list[int] | None = None,
+        integrity_checks: bool = False,
     ) -> None:
         cfg = BlockTablesConfig(
             block_sizes,
@@ -90,6 +91,8 @@ class BlockTables:
         self.num_kv_cache_groups = cfg.num_kv_cache_groups
         self.slot_mapping_enabled = cfg.slot_mapping_enabled
         self.sliding_window_reach = cfg.effective_sliding_window_reach()
+        # SPEC 8.3; also on under CPBT_INTEGRITY_CHECKS=1. See integrity.py.
+        self.integrity_checks = integrity.enabled(integrity_checks)
 
         num_groups = self.num_kv_cache_groups
         self.block_tables = [
@@ -126,6 +129,7 @@ class BlockTables:
         """
         cfg = self.config
         tables = [t.gpu for t in self.block_tables]
+        guards.check_layout(tables, self.input_block_tables, self.max_num_reqs, self.device)
         self.block_table_ptrs = self._device_tensor([t.data_ptr() for t in tables], torch.uint64)
         self.block_table_strides = self._device_tensor([t.stride(0) for t in tables], torch.int64)
         self.input_block_table_ptrs = self._device_tensor(
@@ -243,6 +247,7 @@ class BlockTables:
             self._input_rows_written = num_reqs_padded
         else:
             dst = self._check_out_tables(out, num_reqs_padded)
+            guards.check_out_tables(dst, out_ptrs, self.device)
             dst_ptrs = (
                 out_ptrs
                 if out_ptrs is not None
@@ -267,6 +272,12 @@ class BlockTables:
                 self.sliding_window_reach_tensor,
                 num_computed_tokens if mask else None,
             )
+        if self.integrity_checks:
+            integrity.check_gathered_block_tables(
+                dst, [t.gpu for t in self.block_tables], idx_mapping, self.num_blocks.gpu,
+                self.num_blocks.np, self.block_sizes, self.sliding_window_reach,
+                num_computed_tokens,
+            )  # fmt: skip
         return tuple(t[:num_reqs_padded] for t in dst)
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
@@ -298,6 +309,7 @@ class BlockTables:
         self._check_index_tensor("query_start_loc", query_start_loc, exact_len=num_reqs + 1)
         self._check_index_tensor("positions", positions)
         buf = self.slot_mappings if out is None else self._check_out_slots(out)
+        guards.check_rows_disjoint(buf, "out")
         if not 0 <= num_tokens_padded <= buf.shape[1]:
             raise ValueError(
                 f"num_tokens_padded must lie in [0, {buf.shape[1]}] (the output "
@@ -316,6 +328,10 @@ class BlockTables:
             self.cp_interleave,
             buf,
         )
+        if self.integrity_checks:
+            integrity.check_slot_mappings(
+                buf, query_start_loc, idx_mapping, positions, self.block_sizes, num_tokens_padded
+            )
         return buf[:, :num_tokens_padded]
 
     def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:

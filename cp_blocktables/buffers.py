@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
-from . import kernels
+from . import guards, kernels
 
 _STAGED_DTYPES = (torch.int32, torch.int64, torch.float32)
 
@@ -67,8 +67,11 @@ class _HostBuffer:
         self.dev = uva_view(self.cpu, device) if on_cuda else self.cpu
 
 
-def _shape(size: int | Sequence[int]) -> tuple[int, ...]:
-    return (size,) if isinstance(size, int) else tuple(size)
+def _check_common(dtype: object, max_concurrency: object) -> None:
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype, got {dtype!r}")
+    if not guards._is_int(max_concurrency) or max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
 
 
 class UvaBufferPool:
@@ -87,9 +90,8 @@ class UvaBufferPool:
         max_concurrency: int = 2,
         device: torch.device | str | None = None,
     ) -> None:
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        self.size = _shape(size)
+        _check_common(dtype, max_concurrency)
+        self.size = guards.check_size(size)
         self.dtype = dtype
         self.max_concurrency = max_concurrency
         self.device = _resolve_device(device)
@@ -107,6 +109,11 @@ class UvaBufferPool:
 
     def copy_to_uva(self, x: torch.Tensor | np.ndarray | Sequence) -> torch.Tensor:
         """Publish `x` (rows along the first dimension); returns the device view."""
+        shape = getattr(x, "shape", None)
+        if shape is not None and tuple(shape[1:]) != self.size[1:]:
+            raise ValueError(
+                f"copy_to_uva: rows of shape {tuple(shape[1:])} for a pool of rows {self.size[1:]}"
+            )
         n = len(x)
         buf = self._take(n)
         if isinstance(x, torch.Tensor):
@@ -141,13 +148,19 @@ class UvaBackedTensor:
         max_concurrency: int = 2,
         device: torch.device | str | None = None,
     ) -> None:
+        _check_common(dtype, max_concurrency)
         self.dtype = dtype
-        self.cpu = torch.zeros(_shape(size), dtype=dtype)
+        self.cpu = torch.zeros(guards.check_size(size), dtype=dtype)
         self.np = self.cpu.numpy()
         self.pool = UvaBufferPool(size, dtype, max_concurrency, device)
         self.gpu = self.pool.copy_to_uva(self.np)
 
     def copy_to_uva(self, n: int | None = None) -> torch.Tensor:
+        """Publish rows `[0, n)` (all when `n` is None) as the new `.gpu`."""
+        if n is not None and not (guards._is_int(n) and 0 <= n <= self.np.shape[0]):
+            raise ValueError(
+                f"copy_to_uva: n must be None or in [0, {self.np.shape[0]}], got {n!r}"
+            )
         self.gpu = self.pool.copy_to_uva(self.np if n is None else self.np[:n])
         return self.gpu
 
@@ -266,8 +279,9 @@ class StagedWriteTensor:
             raise ValueError(f"StagedWriteTensor supports dtypes {_STAGED_DTYPES}, got {dtype}")
         self.device = torch.device(device)
         self.dtype = dtype
-        self.gpu = torch.zeros(_shape(size), dtype=dtype, device=self.device)
+        self.gpu = torch.zeros(guards.check_size(size), dtype=dtype, device=self.device)
         self.num_rows = self.gpu.shape[0]
+        self._shape = tuple(self.gpu.shape)
         self._buffers = _WriteBuffers(self.num_rows, dtype, max_concurrency, self.device)
         self._staged_write_indices: list[int] = []
         self._staged_write_starts: list[int] = []
@@ -275,11 +289,12 @@ class StagedWriteTensor:
         self._staged_write_cu_lens: list[int] = []
 
     def stage_write(self, index: int, start: int, values: Iterable[int | float]) -> None:
-        """Queue `values` for `gpu[index, start:start + len(values)]` (no-op when empty)."""
-        if not 0 <= index < self.num_rows or start < 0:
-            raise IndexError(
-                f"staged write at row {index}, column {start} is outside {tuple(self.gpu.shape)}"
-            )
+        """Queue `values` for `gpu[index, start:start + len(values)]` (no-op when empty).
+
+        A place outside the tensor (`guards.OutOfRangeError`) or a value that does
+        not fit the dtype (`ValueError`) is refused and nothing is staged.
+        """
+        values = guards.check_staged_write(index, start, values, self._shape, self.dtype)
         contents = self._staged_write_contents
         n = len(contents)
         contents.extend(values)
@@ -320,6 +335,9 @@ class FusedStagedWriter:
     def __init__(
         self, device: torch.device | str, max_writes: int, max_concurrency: int = 2
     ) -> None:
+        if not guards._is_int(max_writes) or max_writes < 0:
+            raise ValueError(f"max_writes must be an int >= 0, got {max_writes!r}")
+        _check_common(torch.int32, max_concurrency)
         self.device = torch.device(device)
         self.max_writes = max_writes
         self.max_concurrency = max_concurrency
@@ -331,9 +349,14 @@ class FusedStagedWriter:
         output_ptrs: torch.Tensor,
         output_strides: torch.Tensor,
     ) -> None:
+        """Apply every staged write of `tensors` in one launch, then clear them.
+
+        `output_ptrs[i]` and `output_strides[i]` must be `tensors[i].gpu`'s
+        `data_ptr()` and `stride(0)`: the kernel writes through them. Anything
+        else is a `ValueError` and every write stays staged.
+        """
+        self._check_destinations(tensors, output_ptrs, output_strides)
         dtypes = {t.dtype for t in tensors}
-        if len(dtypes) > 1:
-            raise ValueError(f"FusedStagedWriter needs one dtype, got {sorted(map(str, dtypes))}")
         parts = [(i, _resolved_writes(t)) for i, t in enumerate(tensors) if t._staged_write_indices]
         if not parts:
             return
@@ -348,3 +371,26 @@ class FusedStagedWriter:
         )
         for t in tensors:
             t.clear_staged_writes()
+
+    def _check_destinations(
+        self, tensors: Sequence[StagedWriteTensor], ptrs: torch.Tensor, strides: torch.Tensor
+    ) -> None:
+        """Every destination on this writer's device, named by `ptrs` and `strides`."""
+        for i, t in enumerate(tensors):
+            if not isinstance(t, StagedWriteTensor):
+                raise ValueError(
+                    f"tensors[{i}] must be a StagedWriteTensor, got {type(t).__name__}"
+                )
+            if not guards.same_device(t.gpu, self.device):
+                raise ValueError(f"tensors[{i}] is on {t.gpu.device}, the writer on {self.device}")
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) > 1:
+            raise ValueError(f"FusedStagedWriter needs one dtype, got {sorted(map(str, dtypes))}")
+        guards.check_address_tensor(
+            ptrs, [t.gpu.data_ptr() for t in tensors], "output_ptrs",
+            "tensors[{i}].gpu.data_ptr()", self.device,
+        )  # fmt: skip
+        guards.check_address_tensor(
+            strides, [t.gpu.stride(0) for t in tensors], "output_strides",
+            "tensors[{i}].gpu.stride(0)", self.device, fmt="d",
+        )  # fmt: skip

@@ -362,3 +362,61 @@ def yardstick_rows(timer: Timer, cfg: dict, gen) -> list[Row]:
     guarded(rows, Row("launch_floor", "empty Triton kernel", {}), floor)
     guarded(rows, Row("copy", f"{n >> 20} MiB device-to-device", dict(bytes=n)), copy)
     return rows
+
+
+# ---------------------------------------------------------------- integrity checks
+
+INTEGRITY_TOKENS = (8192, 65536)
+INTEGRITY_GROUPS = 4
+
+
+def _integrity(timer: Timer, gen, tokens: int, batch_, row: Row) -> None:
+    from .. import integrity
+
+    device = timer.device
+    req_rows, lens, positions = batch_
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    block_sizes = list(BLOCK_SIZES[:INTEGRITY_GROUPS])
+    widths = [int(positions.max()) // bs + 1 for bs in block_sizes]
+    bt = BlockTables(block_sizes, MAX_REQS, tokens, widths, device)
+    bt.validate_inputs = False
+    for g, t in enumerate(bt.block_tables):
+        unique = (torch.randperm(t.gpu.numel(), device=device) * 7919 + 1) % (2**31 - 1)
+        t.gpu.copy_(unique.reshape(t.gpu.shape))  # distinct ids: no slot is shared
+        bt.num_blocks.np[g, :] = t.gpu.shape[1]
+    bt.num_blocks.copy_to_uva()
+    idx, qsl_t, pos = (torch.tensor(a, device=device) for a in (req_rows, qsl, positions))
+    out = torch.empty((INTEGRITY_GROUPS, tokens), dtype=torch.int64, device=device)
+    kernel = timer.time([partial(bt.compute_slot_mappings, idx, qsl_t, pos, tokens, out=out)])
+    count = partial(integrity.count_slot_mapping_faults, out, qsl_t, block_sizes, tokens)
+    check = partial(integrity.check_slot_mappings, out, qsl_t, idx, pos, block_sizes, tokens)
+    dev = timer.time([count], host=False).device_us
+    host = timer.time([check]).host_us
+    row.device_us, row.host_us, row.bytes = dev, host, 8 * INTEGRITY_GROUPS * tokens
+    row.agrees = int(count()) == 0
+    row.extra.update(
+        kernel_us=kernel.device_us,
+        kernel_host_us=kernel.host_us,
+        ratio=dev / kernel.device_us,
+        host_ratio=host / kernel.host_us,
+    )
+
+
+def integrity_rows(timer: Timer, cfg: dict, rng, gen) -> list[Row]:
+    """Cost of SPEC 8.3's slot-mapping check beside the slot-mapping kernel it follows.
+
+    At 8K and 64K tokens (else the plan's largest), 4 groups, CP 1; tables hold
+    distinct ids, so a correct mapping has no shared slot and the check must
+    report none (`agrees`). Device time: the detection kernels alone (no
+    read-back); host time: the whole check, read-back included. `extra`
+    holds the kernel's figures and both ratios. No rival: upstream has no such check.
+    """
+    rows: list[Row] = []
+    chosen = [t for t in cfg["tokens"] if t in INTEGRITY_TOKENS] or [max(cfg["tokens"])]
+    for tokens in chosen:
+        batch_ = batch(tokens, rng, cfg.get("max_context", MAX_CONTEXT))
+        params = dict(tokens=tokens, groups=INTEGRITY_GROUPS, check="slot_mappings")
+        case = f"T={tokens_label(tokens)} G={INTEGRITY_GROUPS} slots"
+        measure = partial(_integrity, timer, gen, tokens, batch_)
+        guarded(rows, Row("integrity_checks", case, params), measure)
+    return rows

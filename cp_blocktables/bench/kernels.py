@@ -9,6 +9,8 @@ Rows (see docs/performance.md for inputs and byte counts):
 - wide gathers with and without sliding-window masking;
 - a step's writes: `append_block_ids` for 256 requests x 4 groups x 4 ids, then
   `apply_staged_writes`, against the rival's writer;
+- the cost of SPEC 8.3's slot-mapping integrity check beside the kernel it
+  follows, at 8K and 64K tokens (`integrity_checks`; no rival);
 - yardsticks: an empty Triton kernel (the launch floor) and a large copy.
 
 Each kernel row has device time (CUDA-graph replay) and host time (back-to-back
@@ -113,6 +115,7 @@ def run_kernel_bench(device: str | torch.device, quick: bool, json_path: str | N
         rows = yardsticks + cases.read_rows(timer, plan, rng, gen, plan["with_torch"])
         rows += cases.gather_rows(timer, plan, rng, gen)
         rows += cases.write_rows(timer, plan, rng)
+        rows += cases.integrity_rows(timer, plan, rng, gen)
     finally:
         torch.set_num_threads(threads)
     floor, copy = yardsticks

@@ -18,7 +18,7 @@ from cp_blocktables.bench.report import Row, goals
 
 READ_KINDS = {"compute_slot_mappings", "gather_block_tables"}
 WRITE_KINDS = {"step writes (append + apply)", "append_block_ids", "apply_staged_writes"}
-ALL_KINDS = READ_KINDS | WRITE_KINDS | {"launch_floor", "copy"}
+ALL_KINDS = READ_KINDS | WRITE_KINDS | {"launch_floor", "copy", "integrity_checks"}
 FUSED = "gather_and_compute_slot_mappings"
 
 
@@ -61,6 +61,8 @@ def test_rows_ran_agreed_and_have_sane_figures(smoke):
         if r["kind"] in WRITE_KINDS:
             assert r["host_us"] > 0 and r["rival_host_us"] > 0, where
             assert math.isclose(r["host_ratio"], r["host_us"] / r["rival_host_us"]), where
+        if r["kind"] == "integrity_checks":
+            assert r["device_us"] > 0 and r["extra"]["kernel_us"] > 0, where
         if r["kind"] != "copy":
             assert r["agrees"] is True, f"ours and the rival disagree: {where}"
 

@@ -1,0 +1,306 @@
+"""Guards of raw pointers, strides, rows and staged values: `ValueError`, never a crash.
+
+Every refused call is asserted to leave its state as it was: staged writes
+stay staged, tables and outputs keep their contents.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from cp_blocktables import (
+    BlockTables,
+    FusedStagedWriter,
+    StagedWriteTensor,
+    UvaBackedTensor,
+    UvaBufferPool,
+)
+from cp_blocktables.guards import OutOfRangeError
+
+GOOD = dict(block_sizes=[16, 32], max_num_reqs=4, max_num_batched_tokens=64,
+            max_num_blocks_per_group=[8, 4])  # fmt: skip
+
+
+def staged(t: StagedWriteTensor) -> tuple:
+    return (
+        list(t._staged_write_indices),
+        list(t._staged_write_starts),
+        list(t._staged_write_contents),
+        list(t._staged_write_cu_lens),
+    )
+
+
+def layout(tensors, device):
+    ptrs = torch.tensor([t.gpu.data_ptr() for t in tensors], dtype=torch.uint64, device=device)
+    strides = torch.tensor([t.gpu.stride(0) for t in tensors], dtype=torch.int64, device=device)
+    return ptrs, strides
+
+
+# ---------------------------------------------------------------- FusedStagedWriter
+
+
+def test_uninitialised_pointers_raise_instead_of_crashing():
+    """The issue's repro, in a child process: a segmentation fault fails the test, not pytest."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from cp_blocktables import FusedStagedWriter, StagedWriteTensor
+        tensors = [StagedWriteTensor((4, 8), torch.int32, "cpu") for _ in range(3)]
+        for t in tensors:
+            t.stage_write(1, 2, [7, 8, 9])
+        writer = FusedStagedWriter("cpu", max_writes=12)
+        try:
+            writer.apply(tensors, torch.empty(3, dtype=torch.uint64),
+                         torch.tensor([8, 8, 8]))
+        except ValueError as e:
+            print("ValueError:", e)
+        assert all(t._staged_write_indices == [1] for t in tensors), "writes were dropped"
+        assert all(int(t.gpu.abs().sum()) == 0 for t in tensors), "something was written"
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
+    assert "ValueError: output_ptrs[0] = 0x" in proc.stdout
+    assert "but tensors[0].gpu.data_ptr() is 0x" in proc.stdout
+    assert "(uninitialised or stale?)" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("wrong-stride", r"output_strides\[1\] = 4 but tensors\[1\].gpu.stride\(0\) is 8"),
+        ("swapped-ptrs", r"output_ptrs\[0\] = 0x[0-9a-f]+ but tensors\[0\].gpu.data_ptr\(\)"),
+        ("short-ptrs", r"output_ptrs must be a 1-D uint64 or int64 tensor of 2 entries"),
+        ("float-ptrs", r"output_ptrs must be a 1-D uint64 or int64 tensor .* got torch.float64"),
+        ("not-a-tensor", r"output_ptrs must be a torch.Tensor, got list"),
+        ("not-staged", r"tensors\[1\] must be a StagedWriteTensor, got Tensor"),
+    ],
+)
+def test_fused_writer_refuses_bad_layouts_and_keeps_writes(torch_device, case, match):
+    tensors = [StagedWriteTensor((3, 8), torch.int32, torch_device) for _ in range(2)]
+    ptrs, strides = layout(tensors, torch_device)
+    for t in tensors:
+        t.stage_write(2, 0, [5, 6])
+    args = [list(tensors), ptrs, strides]
+    if case == "wrong-stride":
+        args[2] = torch.tensor([8, 4], device=torch_device)
+    elif case == "swapped-ptrs":
+        args[1] = layout(tensors[::-1], torch_device)[0]
+    elif case == "short-ptrs":
+        args[1] = ptrs[:1]
+    elif case == "float-ptrs":
+        args[1] = torch.zeros(2, dtype=torch.float64, device=torch_device)
+    elif case == "not-a-tensor":
+        args[1] = [t.gpu.data_ptr() for t in tensors]
+    elif case == "not-staged":
+        args[0] = [tensors[0], tensors[1].gpu]
+    before = [staged(t) for t in tensors]
+    with pytest.raises(ValueError, match=match):
+        FusedStagedWriter(torch_device, 4).apply(*args)
+    assert [staged(t) for t in tensors] == before
+    assert all(int(t.gpu.abs().sum()) == 0 for t in tensors)
+    FusedStagedWriter(torch_device, 4).apply(tensors, ptrs, strides)  # the right layout
+    assert all(t.gpu[2, :2].tolist() == [5, 6] for t in tensors)
+
+
+def test_pointers_corrupted_after_a_good_apply_are_caught(torch_device):
+    tensors = [StagedWriteTensor((2, 4), torch.int64, torch_device) for _ in range(2)]
+    ptrs, strides = layout(tensors, torch_device)
+    writer = FusedStagedWriter(torch_device, 4)
+    tensors[0].stage_write(0, 0, [1])
+    writer.apply(tensors, ptrs, strides)  # verified (and, on CUDA, remembered)
+    ptrs[1] = 0  # an in-place write bumps the version: verified again
+    tensors[1].stage_write(1, 3, [2])
+    with pytest.raises(ValueError, match=r"output_ptrs\[1\] = 0x0 but"):
+        writer.apply(tensors, ptrs, strides)
+    assert tensors[1]._staged_write_indices == [1]
+
+
+def test_reallocated_tables_without_new_pointers_are_refused(torch_device):
+    bt = BlockTables(device=torch_device, **GOOD)
+    bt.append_block_ids(0, ([1], [2]), False)
+    bt.apply_staged_writes()
+    old = bt.block_tables[0].gpu
+    bt.block_tables[0].gpu = old.clone()  # forgot init_block_table_layout_tensors()
+    bt.append_block_ids(1, ([3], [4]), False)
+    counts = bt.num_blocks.gpu.clone()
+    with pytest.raises(ValueError, match=r"output_ptrs\[0\] = .* but tensors\[0\].gpu"):
+        bt.apply_staged_writes()
+    assert torch.equal(bt.num_blocks.gpu, counts)  # nothing published
+    assert bt.block_tables[0]._staged_write_indices == [1]
+    bt.init_block_table_layout_tensors()
+    bt.apply_staged_writes()
+    assert bt.block_tables[0].gpu[:2, 0].tolist() == [1, 3]
+    del old
+
+
+def test_fused_writer_refuses_a_negative_capacity():
+    with pytest.raises(ValueError, match="max_writes must be an int >= 0, got -1"):
+        FusedStagedWriter("cpu", -1)
+
+
+# ---------------------------------------------------------------- stage_write
+
+
+@pytest.mark.parametrize(
+    "shape, dtype, args, error, match",
+    [
+        ((3, 4), torch.int32, (3, 0, [1]), OutOfRangeError, r"row 3, columns \[0, 1\) is outside"),
+        ((3, 4), torch.int32, (-1, 0, [1]), OutOfRangeError, "row -1"),
+        ((3, 4), torch.int32, (0, -1, [1]), OutOfRangeError, r"columns \[-1, 0\)"),
+        ((3, 4), torch.int32, (0, 2, [1, 2, 3]), OutOfRangeError, r"columns \[2, 5\) is outside"),
+        ((3, 4), torch.int32, (0, 5, []), OutOfRangeError, r"columns \[5, 5\)"),
+        ((6,), torch.int64, (2, 1, [1]), OutOfRangeError, r"row 2, columns \[1, 2\)"),
+        ((3, 4), torch.int32, (True, 0, [1]), OutOfRangeError, "must be ints, got True"),
+        ((3, 4), torch.int32, (0, 1.0, [1]), OutOfRangeError, "must be ints, got 0, 1.0"),
+        ((3, 4), torch.int32, (0, 0, [1, 2**31]), ValueError, "2147483648 does not fit"),
+        ((3, 4), torch.int32, (0, 0, [-(2**31) - 1]), ValueError, "does not fit torch.int32"),
+        ((3, 4), torch.int64, (0, 0, [2**63]), ValueError, "does not fit torch.int64"),
+        ((3, 4), torch.int32, (0, 0, [1, 2.5]), ValueError, "2.5 is not an int"),
+        ((3, 4), torch.int32, (0, 0, [True]), ValueError, "True is not an int"),
+        ((3, 4), torch.int64, (0, 0, ["7"]), ValueError, "'7' is not an int"),
+        ((3, 4), torch.float32, (0, 0, [1e39]), ValueError, r"1e\+39 overflows torch.float32"),
+        ((3, 4), torch.float32, (0, 0, ["x"]), ValueError, "'x' is not a number"),
+    ],
+)
+def test_stage_write_refuses_and_stages_nothing(torch_device, shape, dtype, args, error, match):
+    t = StagedWriteTensor(shape, dtype, torch_device)
+    t.stage_write_elem(1, 3)
+    before = staged(t)
+    with pytest.raises(error, match=match) as e:
+        t.stage_write(*args)
+    assert isinstance(e.value, ValueError)
+    assert staged(t) == before
+    t.apply_write()
+    assert float(t.gpu.abs().sum()) == 3
+
+
+def test_stage_write_accepts_what_fits(torch_device):
+    t = StagedWriteTensor((2, 4), torch.float32, torch_device)
+    t.stage_write(0, 0, [float("inf"), -1, np.float32(2.5), np.int64(4)])
+    t.stage_write(1, 3, iter([7]))  # any iterable, consumed once
+    t.apply_write()
+    assert t.gpu.cpu().tolist() == [[float("inf"), -1.0, 2.5, 4.0], [0, 0, 0, 7.0]]
+    u = StagedWriteTensor((1, 2), torch.int32, torch_device)
+    u.stage_write(0, 0, [np.int32(-(2**31)), 2**31 - 1])
+    u.apply_write()
+    assert u.gpu.cpu().tolist() == [[-(2**31), 2**31 - 1]]
+
+
+# ---------------------------------------------------------------- pools and UVA tensors
+
+
+@pytest.mark.parametrize(
+    "size, kwargs, match",
+    [
+        (-1, {}, r"size must be an int >= 0 or a non-empty list of them, got -1"),
+        ((2, -3), {}, r"got \(2, -3\)"),
+        ((), {}, r"got \(\)"),
+        (2.0, {}, "got 2.0"),
+        (4, dict(max_concurrency=0), "max_concurrency must be an int >= 1, got 0"),
+        (4, dict(max_concurrency="2"), "max_concurrency must be an int >= 1, got '2'"),
+        (4, dict(dtype="int32"), "dtype must be a torch.dtype, got 'int32'"),
+    ],
+)
+@pytest.mark.parametrize("cls", [UvaBufferPool, UvaBackedTensor])
+def test_pool_and_uva_tensor_sizes(cls, size, kwargs, match):
+    kwargs = dict(dtype=torch.int32) | kwargs
+    with pytest.raises(ValueError, match=match):
+        cls(size, kwargs.pop("dtype"), device="cpu", **kwargs)
+
+
+def test_pool_refuses_rows_of_the_wrong_shape():
+    pool = UvaBufferPool((4, 3), torch.int64, device="cpu")
+    with pytest.raises(ValueError, match=r"rows of shape \(2,\) for a pool of rows \(3,\)"):
+        pool.copy_to_uva(np.zeros((2, 2), dtype=np.int64))
+    assert pool.copy_to_uva(torch.ones((2, 3), dtype=torch.int64)).sum() == 6
+
+
+@pytest.mark.parametrize("n", [-1, 5, 1.5])
+def test_uva_tensor_publish_count_must_be_a_row_count(n):
+    t = UvaBackedTensor((4, 2), torch.int32, device="cpu")
+    t.np[:] = 7
+    gpu = t.gpu
+    with pytest.raises(ValueError, match=rf"n must be None or in \[0, 4\], got {n}"):
+        t.copy_to_uva(n)
+    assert t.gpu is gpu
+
+
+# ---------------------------------------------------------------- BlockTables
+
+
+def _bt_with_rows(device) -> BlockTables:
+    bt = BlockTables(device=device, **GOOD)
+    bt.append_block_ids(0, ([1, 2], [3]), False)
+    bt.append_block_ids(2, ([4], [5, 6]), False)
+    bt.apply_staged_writes()
+    return bt
+
+
+@pytest.mark.parametrize("case", ["uninitialised", "stale", "short", "overlapping-rows"])
+def test_gather_refuses_out_ptrs_not_naming_out(torch_device, case):
+    bt = _bt_with_rows(torch_device)
+    out = [torch.full((4, w), 9, dtype=torch.int32, device=torch_device) for w in (8, 4)]
+    ptrs = torch.tensor([t.data_ptr() for t in out], dtype=torch.uint64, device=torch_device)
+    match = r"out_ptrs\[0\] = 0x[0-9a-f]+ but out\[0\].data_ptr\(\) is 0x"
+    if case == "uninitialised":
+        ptrs = torch.empty(2, dtype=torch.uint64, device=torch_device)
+    elif case == "stale":
+        ptrs[0] = bt.input_block_tables[0].data_ptr()
+    elif case == "short":
+        ptrs, match = ptrs[1:], "out_ptrs must be a 1-D uint64 or int64 tensor of 2 entries"
+    else:
+        out[1] = torch.full((1, 4), 9, dtype=torch.int32, device=torch_device).expand(4, 4)
+        match = r"out\[1\] has row stride 0 for 4 columns: its rows overlap"
+    persistent = [t.clone() for t in bt.input_block_tables]
+    idx = torch.tensor([2, 0], dtype=torch.int32, device=torch_device)
+    with pytest.raises(ValueError, match=match):
+        bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
+    assert all(int((t != 9).sum()) == 0 for t in out)
+    assert all(torch.equal(a, b) for a, b in zip(persistent, bt.input_block_tables))
+    good = [torch.zeros((4, w), dtype=torch.int32, device=torch_device) for w in (8, 4)]
+    ptrs = torch.tensor([t.data_ptr() for t in good], dtype=torch.uint64, device=torch_device)
+    got = bt.gather_block_tables(idx, 2, out=good, out_ptrs=ptrs)
+    assert got[1][0, :2].tolist() == [5, 6]
+
+
+def test_slot_mappings_refuse_an_out_with_overlapping_rows(torch_device):
+    bt = _bt_with_rows(torch_device)
+    out = torch.full((1, 64), 9, dtype=torch.int64, device=torch_device).expand(2, 64)
+    d = torch_device
+    with pytest.raises(ValueError, match=r"out has row stride 0 for 64 columns"):
+        bt.compute_slot_mappings(
+            torch.tensor([0], device=d), torch.tensor([0, 1], device=d),
+            torch.tensor([0], device=d), 1, out=out,
+        )  # fmt: skip
+    assert int((out != 9).sum()) == 0
+
+
+@pytest.mark.parametrize(
+    "which, make, match",
+    [
+        ("table", lambda t: t.to(torch.int64), r"block_tables\[0\].gpu must be an int32"),
+        ("table", lambda t: t[:2], r"block_tables\[0\].gpu must be an int32 \[>= 4, n\]"),
+        ("table", lambda t: t.t(), r"block_tables\[0\].gpu must be an int32 .* unit column"),
+        ("input", lambda t: t[:, :3], r"input_block_tables\[0\] has 3 columns, fewer than"),
+        ("input", lambda t: t[:1].expand(4, 8), r"input_block_tables\[0\] has row stride 0"),
+    ],
+)
+def test_layout_rebuild_refuses_tables_kernels_cannot_use(torch_device, which, make, match):
+    bt = _bt_with_rows(torch_device)
+    ptrs = bt.block_table_ptrs
+    if which == "table":
+        bt.block_tables[0].gpu = make(bt.block_tables[0].gpu)
+    else:
+        bt.input_block_tables[0] = make(bt.input_block_tables[0])
+    with pytest.raises(ValueError, match=match):
+        bt.init_block_table_layout_tensors()
+    assert bt.block_table_ptrs is ptrs  # nothing rebuilt

@@ -1,0 +1,266 @@
+"""SPEC 8.3 integrity checks: each planted violation is named; correct runs are unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cp_blocktables import PAD_SLOT_ID, BlockTables, integrity, kernels
+from cp_blocktables.integrity import IntegrityError
+
+GOOD = dict(block_sizes=[16, 32], max_num_reqs=4, max_num_batched_tokens=64,
+            max_num_blocks_per_group=[8, 4])  # fmt: skip
+
+
+def make(device, checks=True, **kwargs) -> BlockTables:
+    return BlockTables(device=device, **(GOOD | kwargs), integrity_checks=checks)
+
+
+def ints(values, device, dtype=torch.int32) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def slots(bt, idx, qsl, pos, padded=None):
+    d = bt.device
+    padded = qsl[-1] if padded is None else padded
+    return bt.compute_slot_mappings(ints(idx, d), ints(qsl, d), ints(pos, d, torch.int64), padded)
+
+
+# ---------------------------------------------------------------- planted violations
+
+
+def test_aliased_slots_name_group_slot_and_both_tokens(torch_device):
+    bt = make(torch_device)
+    bt.append_block_ids(0, ([5], [7]), False)
+    bt.append_block_ids(1, ([5], [8]), False)  # both rows hold block 5 of group 0
+    bt.apply_staged_writes()
+    with pytest.raises(IntegrityError) as e:
+        slots(bt, [0, 1], [0, 1, 2], [3, 3])
+    msg = str(e.value)
+    assert isinstance(e.value, RuntimeError)
+    assert (
+        "group 0: slot 83 is shared by token 0 (batch entry 0, row 0, position 3) and "
+        "token 1 (batch entry 1, row 1, position 3)"
+    ) in msg
+    assert "group 1" not in msg
+    off = make(torch_device, checks=False)
+    off.append_block_ids(0, ([5], [7]), False)
+    off.append_block_ids(1, ([5], [8]), False)
+    off.apply_staged_writes()
+    slots(off, [0, 1], [0, 1, 2], [3, 3])  # no check, no error
+
+
+def test_negative_slot_is_named(torch_device):
+    bt = make(torch_device)
+    bt.append_block_ids(2, ([1], [2]), False)
+    bt.apply_staged_writes()
+    bt.block_tables[1].gpu[2, 0] = -3  # a corrupted table entry
+    with pytest.raises(IntegrityError, match=r"group 1: token 1 \(batch entry 1, row 2, "
+                       r"position 5\) has negative slot -91"):  # fmt: skip
+        slots(bt, [-1, 2], [0, 1, 2], [0, 5])
+
+
+def test_null_block_slots_may_be_shared(torch_device):
+    bt = make(torch_device)
+    bt.redirect_writes_to_null_block = True  # a warm-up: every id becomes block 0
+    for r in range(3):
+        bt.append_block_ids(r, ([9], [9]), False)
+    bt.apply_staged_writes()
+    out = slots(bt, [0, 1, 2], [0, 2, 4, 6], [0, 1, 0, 1, 0, 1])
+    assert out[0].tolist() == [0, 1, 0, 1, 0, 1]
+
+
+def test_tokens_past_num_tokens_are_not_checked(torch_device):
+    bt = make(torch_device)
+    bt.append_block_ids(0, ([5], [7]), False)
+    bt.apply_staged_writes()
+    out = bt.slot_mappings
+    slots(bt, [0], [0, 1], [3], padded=4)
+    out[:, 1:4] = 5 * 16 + 3  # junk in the padded tail repeats token 0's slot
+    count = integrity.count_slot_mapping_faults(out, ints([0, 1], torch_device), [16, 32], 4)
+    assert int(count) == 0
+
+
+def test_stale_count_is_named(torch_device):
+    bt = make(torch_device)
+    bt.append_block_ids(1, ([4, 5], [6]), False)
+    bt.apply_staged_writes()
+    bt.append_block_ids(1, ([6], []), False)  # staged and counted on the host, never applied
+    with pytest.raises(IntegrityError) as e:
+        bt.gather_block_tables(ints([1], torch_device), 1)
+    assert (
+        "group 0: batch row 0 (request row 1) read num_blocks.gpu = 2 but num_blocks.np = 3"
+    ) in str(e.value)
+    assert "stale count" in str(e.value)
+    assert "group 1: batch row" not in str(e.value)
+
+
+def test_corrupted_gather_output_is_named(torch_device, monkeypatch):
+    bt = make(torch_device)
+    bt.append_block_ids(3, ([11, 12, 13], [21]), False)
+    bt.append_block_ids(0, ([14], [22, 23]), False)
+    bt.apply_staged_writes()
+    real = kernels.gather_block_tables
+
+    def corrupting(*args, **kwargs):  # a kernel that gets one entry wrong
+        real(*args, **kwargs)
+        bt.input_block_tables[0][1, 0] = 999
+
+    monkeypatch.setattr(kernels, "gather_block_tables", corrupting)
+    with pytest.raises(IntegrityError) as e:
+        bt.gather_block_tables(ints([3, 0], torch_device), 2)
+    assert (
+        "group 0: batch row 1 differs from its source, request row 0, in 1 of 1 entries; "
+        "first at column 0: gathered 999, expected 14"
+    ) in str(e.value)
+    assert "group 1" not in str(e.value)
+
+
+def test_tables_reallocated_without_new_pointers_are_caught(torch_device):
+    bt = make(torch_device)
+    bt.append_block_ids(2, ([3, 4], [5]), False)
+    bt.apply_staged_writes()
+    old = bt.block_tables[1].gpu  # still alive, still what the kernels' pointers name
+    bt.block_tables[1].gpu = old.clone()
+    bt.block_tables[1].gpu[2, 0] = 6  # the new table says 6; the pointers still read 5
+    with pytest.raises(IntegrityError, match="group 1: batch row 0 differs .* gathered 5, "
+                       "expected 6"):  # fmt: skip
+        bt.gather_block_tables(ints([2], torch_device), 1)
+    del old
+
+
+def test_sliding_window_masking_is_what_is_expected(torch_device):
+    bt = make(torch_device, sliding_window_reach=[20, 0])
+    bt.append_block_ids(0, ([1, 2, 3, 4], [5, 6]), False)
+    bt.apply_staged_writes()
+    nct = ints([60, 0, 0, 0], torch_device)
+    (t0, t1) = bt.gather_block_tables(ints([0], torch_device), 1, num_computed_tokens=nct)
+    assert t0[0, :4].tolist() == [0, 0, 3, 4] and t1[0, :2].tolist() == [5, 6]
+
+
+def test_count_functions_on_crafted_tensors(torch_device):
+    d = torch_device
+    s = ints([[PAD_SLOT_ID, 40, 40, -5, 40, 40], [3, 3, 50, 51, 52, 50]], d, torch.int64)
+    qsl = ints([0, 3, 4], d)  # 4 tokens: only columns 0..3 count
+    # group 0: 40 twice, -5 once; group 1: 3 twice but below the null bound 16
+    assert int(integrity.count_slot_mapping_faults(s, qsl, [16, 16])) == 2
+    assert int(integrity.count_slot_mapping_faults(s, qsl, [16, 2])) == 3
+    text = integrity.explain_slot_mapping_faults(s, qsl, ints([2, -1], d), None, [16, 16])
+    assert "group 0: token 3 (batch entry 1, row -1) has negative slot -5" in text
+    assert "group 0: slot 40 is shared by token 1 (batch entry 0, row 2) and token 2" in text
+    assert "group 1" not in text
+
+    src = [ints([[0, 0, 0], [7, 8, 9]], d)]
+    out = [ints([[7, 8, 1], [0, 0, 0]], d)]  # entry 2 of row 0 past the count: not read
+    args = (out, src, ints([1, -1], d), ints([[0, 2]], d), np.array([[0, 2]], dtype=np.int32))
+    assert int(integrity.count_gather_faults(*args, [16], [0])) == 0
+    out[0][0, 1] = 5
+    assert int(integrity.count_gather_faults(*args, [16], [0])) == 1
+    stale = args[:3] + (ints([[0, 1]], d),) + args[4:]
+    assert int(integrity.count_gather_faults(*stale, [16], [0])) == 2  # count and entry 1
+
+
+# ---------------------------------------------------------------- correct runs
+
+
+def _random_step(rng, pairs, next_id, lengths):
+    """Append fresh (never shared) ids to random rows of both instances; returns a batch."""
+    num_reqs = int(rng.integers(1, 5))
+    idx, qsl, pos = [], [0], []
+    for r in rng.permutation(4)[:num_reqs].tolist():
+        n = int(rng.integers(1, 6))
+        if rng.random() < 0.15:  # a dummy request, junk positions
+            idx.append(-1)
+            pos += rng.integers(-5, 99, size=n).tolist()
+            qsl.append(qsl[-1] + n)
+            continue
+        overwrite = lengths[r] + n > 60  # a finished request's row reused
+        start = 0 if overwrite else lengths[r]
+        lengths[r] = start + n
+        blocks = []
+        for bs in GOOD["block_sizes"]:
+            have = -(-start // bs)
+            blocks.append(list(range(next_id[0], next_id[0] + -(-lengths[r] // bs) - have)))
+            next_id[0] += 8
+        for bt in pairs:
+            bt.append_block_ids(r, tuple(blocks), overwrite)
+        idx.append(r)
+        pos += list(range(start, lengths[r]))
+        qsl.append(qsl[-1] + n)
+    return idx, qsl, pos
+
+
+@pytest.mark.parametrize("reach", [0, 24])
+def test_checks_on_change_no_output(torch_device, reach):
+    rng = np.random.default_rng(reach)
+    kw = dict(sliding_window_reach=[reach, 0])
+    on, off = make(torch_device, True, **kw), make(torch_device, False, **kw)
+    next_id, lengths = [1], [0] * 4
+    for _ in range(8):
+        idx, qsl, pos = _random_step(rng, (on, off), next_id, lengths)
+        for bt in (on, off):
+            bt.apply_staged_writes()
+        padded = min(qsl[-1] + int(rng.integers(0, 3)), 64)
+        nct = ints(lengths, torch_device)
+        results = []
+        for bt in (on, off):
+            tables = bt.gather_block_tables(
+                ints(idx, torch_device), len(idx), num_computed_tokens=nct
+            )
+            s = slots(bt, idx, qsl, pos, padded)
+            results.append(([t.cpu() for t in tables], s.cpu(), bt.slot_mappings.cpu()))
+        (ta, sa, ba), (tb, sb, bb) = results
+        assert all(torch.equal(a, b) for a, b in zip(ta, tb))
+        assert torch.equal(sa, sb) and torch.equal(ba, bb)
+
+
+def test_checks_under_cp_run_clean(torch_device):
+    bt = make(torch_device, cp_size=2, cp_rank=1, cp_interleave=4)
+    bt.append_block_ids(0, ([1, 2], [3]), False)
+    bt.append_block_ids(1, ([4], [5]), False)
+    bt.apply_staged_writes()
+    idx = [1, 0]
+    bt.gather_block_tables(ints(idx, torch_device), 2)
+    slots(bt, idx, [0, 20, 60], list(range(20)) + list(range(40)))
+
+
+# ---------------------------------------------------------------- switch and cost
+
+
+def test_env_var_switches_checks_on_at_construction(monkeypatch, torch_device):
+    monkeypatch.delenv(integrity.ENV_VAR, raising=False)
+    assert make(torch_device, checks=False).integrity_checks is False
+    assert make(torch_device, checks=True).integrity_checks is True
+    monkeypatch.setenv(integrity.ENV_VAR, "1")
+    bt = make(torch_device, checks=False)
+    assert bt.integrity_checks is True
+    monkeypatch.setenv(integrity.ENV_VAR, "0")
+    assert make(torch_device, checks=False).integrity_checks is False
+    assert bt.integrity_checks is True  # read at construction only
+    bt.append_block_ids(0, ([5], [7]), False)
+    bt.append_block_ids(1, ([5], [8]), False)
+    bt.apply_staged_writes()
+    with pytest.raises(IntegrityError, match="slot 83 is shared"):
+        slots(bt, [0, 1], [0, 1, 2], [3, 3])
+
+
+def test_keyword_is_last_in_the_signature():
+    import inspect
+
+    params = list(inspect.signature(BlockTables).parameters)
+    assert params[-1] == "integrity_checks"
+    assert inspect.signature(BlockTables).parameters["integrity_checks"].default is False
+
+
+def test_checks_off_run_no_check_code(torch_device, monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("an integrity check ran while checks are off")
+
+    for name in ("check_slot_mappings", "check_gathered_block_tables", "raise_on_faults"):
+        monkeypatch.setattr(integrity, name, boom)
+    bt = make(torch_device, checks=False)
+    bt.append_block_ids(0, ([5], [7]), False)
+    bt.apply_staged_writes()
+    bt.gather_block_tables(ints([0], torch_device), 1)
+    slots(bt, [0], [0, 1], [3])
