@@ -93,9 +93,22 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     return device
 
 
-def run_kernel_bench(device: str | torch.device, quick: bool, json_path: str | None) -> list[dict]:
+FAMILIES = ("reads", "gathers", "writes", "integrity")
+"""Row families besides the yardsticks (always measured): `--only` picks some."""
+
+
+def run_kernel_bench(
+    device: str | torch.device,
+    quick: bool,
+    json_path: str | None,
+    only: Sequence[str] | None = None,
+) -> list[dict]:
     """Time every row on `device` ("auto", "cuda" or "cpu"), print the table and the goals,
-    write `{"meta", "rows", "goals"}` to `json_path` when given; returns the rows as dicts."""
+    write `{"meta", "rows", "goals"}` to `json_path` when given; returns the rows as dicts.
+    `only` restricts the rows to some of `FAMILIES` (the yardsticks always run)."""
+    families = set(only or FAMILIES)
+    if families - set(FAMILIES):
+        raise ValueError(f"unknown row families {sorted(families - set(FAMILIES))}")
     device = _resolve_device(device)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
@@ -112,10 +125,15 @@ def run_kernel_bench(device: str | torch.device, quick: bool, json_path: str | N
     began = time.perf_counter()
     try:
         yardsticks = cases.yardstick_rows(timer, plan, gen)
-        rows = yardsticks + cases.read_rows(timer, plan, rng, gen, plan["with_torch"])
-        rows += cases.gather_rows(timer, plan, rng, gen)
-        rows += cases.write_rows(timer, plan, rng)
-        rows += cases.integrity_rows(timer, plan, rng, gen)
+        rows = list(yardsticks)
+        if "reads" in families:
+            rows += cases.read_rows(timer, plan, rng, gen, plan["with_torch"])
+        if "gathers" in families:
+            rows += cases.gather_rows(timer, plan, rng, gen)
+        if "writes" in families:
+            rows += cases.write_rows(timer, plan, rng)
+        if "integrity" in families:
+            rows += cases.integrity_rows(timer, plan, rng, gen)
     finally:
         torch.set_num_threads(threads)
     floor, copy = yardsticks
@@ -169,13 +187,22 @@ def add_bench_kernels_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="fewer sizes and repeats (a smoke test)"
     )
+    parser.add_argument(
+        "--only",
+        metavar="FAMILY",
+        nargs="+",
+        choices=FAMILIES,
+        help="measure only these row families (yardsticks always run): " + ", ".join(FAMILIES),
+    )
 
 
 def bench_kernels_command(args: argparse.Namespace) -> int:
     """Run the benchmark; 0 when every row ran and agreed with the rival, 1 if not, 2 on bad
     usage."""
     try:
-        rows = run_kernel_bench(args.device, args.quick, args.json_path)
+        rows = run_kernel_bench(
+            args.device, args.quick, args.json_path, getattr(args, "only", None)
+        )
     except ValueError as e:
         print(f"cp-blocktables bench kernels: {e}", file=sys.stderr)
         return 2

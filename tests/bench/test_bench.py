@@ -77,6 +77,14 @@ def test_a_failing_row_is_recorded_and_the_run_goes_on():
     assert verdicts[-1]["status"] == "MISS" and "bad" in verdicts[-1]["figure"]
 
 
+def test_only_measures_the_families_asked_for(capsys):
+    rows = bench.run_kernel_bench("cpu", quick=True, json_path=None, only=["writes"])
+    assert {r["kind"] for r in rows} == WRITE_KINDS | {"launch_floor", "copy"}
+    capsys.readouterr()
+    with pytest.raises(ValueError, match="unknown row families"):
+        bench.run_kernel_bench("cpu", quick=True, json_path=None, only=["nope"])
+
+
 def test_json_holds_meta_rows_and_goals(smoke):
     rows, _, data = smoke
     assert data["meta"]["cpu_figures"] is True
@@ -121,10 +129,12 @@ def test_options_parse_as_the_cli_passes_them():
     assert (args.device, args.json_path, args.quick) == ("cpu", "x.json", True)
     defaults = parser.parse_args([])
     assert (defaults.device, defaults.json_path, defaults.quick) == ("auto", None, False)
+    assert defaults.only is None
+    assert parser.parse_args(["--only", "reads", "writes"]).only == ["reads", "writes"]
 
 
 def test_cuda_without_a_gpu_is_a_usage_error(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    args = argparse.Namespace(device="cuda", json_path=None, quick=True)
+    args = argparse.Namespace(device="cuda", json_path=None, quick=True, only=None)
     assert bench.bench_kernels_command(args) == 2
     assert "no CUDA device" in capsys.readouterr().err
