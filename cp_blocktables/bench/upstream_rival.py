@@ -269,6 +269,8 @@ class UpstreamBlockTables:
         ]
         self.group_params = torch.tensor(params, dtype=torch.int64, device=dev).reshape(-1, 3)
         self._out_ptrs: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._last_out: object = None
+        self._last_ptrs: tuple[torch.Tensor, torch.Tensor] | None = None
         max_writes = config.max_num_reqs
         self._writers = [_RivalTable(t, max_writes, max_writes * t.shape[1]) for t in self.tables]
 
@@ -314,6 +316,10 @@ class UpstreamBlockTables:
     # ------------------------------------------------------------ gather
 
     def _ptrs_of(self, out: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Device tensors of `out`'s pointers and strides, built once per list of outputs
+        (an engine passes persistent tables, whose pointer tensor it builds once)."""
+        if out is self._last_out:
+            return self._last_ptrs
         key = tuple(t.data_ptr() for t in out)
         found = self._out_ptrs.get(key)
         if found is None:
@@ -321,6 +327,7 @@ class UpstreamBlockTables:
                 torch.tensor(list(key), dtype=torch.uint64, device=self.device),
                 torch.tensor([t.stride(0) for t in out], dtype=torch.int64, device=self.device),
             )
+        self._last_out, self._last_ptrs = out, found
         return found
 
     def gather_block_tables(
