@@ -6,6 +6,14 @@
 machine runs the very kernels a GPU runs, with no environment variable set by
 hand, and a GPU machine can use both in one process.
 
+Device functions (`dual_device_fn`) are kernel pieces that several kernels
+call, so that a fused kernel shares its code with the kernels it fuses. A
+compiled kernel must call compiled helpers and an interpreted one interpreted
+helpers, but both look a helper up by name in the same module globals. Each
+back end therefore gets its own copy of the Python function whose globals
+(a snapshot taken at decoration: helpers must be defined before their callers)
+name that back end's variant of every helper.
+
 Every launch goes through `DualKernel.launch`, which also counts launches per
 kernel (`launch_counts`): tests use it to prove that a fused path is one launch.
 """
@@ -13,6 +21,7 @@ kernel (`launch_counts`): tests use it to prove that a fused path is one launch.
 from __future__ import annotations
 
 import os
+import types
 from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -37,15 +46,49 @@ def _triton_interpret(value: str):
             os.environ["TRITON_INTERPRET"] = old
 
 
+def _for_backend(fn: Callable, interpret: bool) -> Callable:
+    """`fn` decorated by `triton.jit` for one back end, its helpers resolved for it too."""
+    names = fn.__code__.co_names  # the globals (and attributes) the body names
+    helpers = {
+        k: v
+        for k in names
+        if isinstance(v := fn.__globals__.get(k), DualFunction) and v.fn is not fn
+    }
+    if helpers:
+        scope = dict(fn.__globals__)
+        scope.update({k: v.variant(interpret) for k, v in helpers.items()})
+        copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+        copy.__kwdefaults__ = fn.__kwdefaults__
+        copy.__annotations__ = fn.__annotations__
+        copy.__module__ = fn.__module__
+        copy.__qualname__ = fn.__qualname__
+        copy.__doc__ = fn.__doc__
+        fn = copy
+    with _triton_interpret("1" if interpret else "0"):
+        return triton.jit(fn)
+
+
+class DualFunction:
+    """A `@triton.jit` device function that compiled and interpreted kernels can both call."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self._variants: dict[bool, Callable] = {}
+
+    def variant(self, interpret: bool) -> Callable:
+        if interpret not in self._variants:
+            self._variants[interpret] = _for_backend(self.fn, interpret)
+        return self._variants[interpret]
+
+
 class DualKernel:
     """A kernel usable from CUDA and CPU tensors; pick the back end by device."""
 
     def __init__(self, fn: Callable) -> None:
         self.name = fn.__name__
-        with _triton_interpret("0"):
-            self._compiled = triton.jit(fn)
-        with _triton_interpret("1"):
-            self._interpreted = triton.jit(fn)
+        self._compiled = _for_backend(fn, interpret=False)
+        self._interpreted = _for_backend(fn, interpret=True)
 
     def launch(self, device: torch.device, grid: Sequence[int], *args, **kwargs) -> None:
         """Run `grid` program instances on `device` (empty grids launch nothing)."""
@@ -62,4 +105,10 @@ class DualKernel:
 
 
 def dual_jit(fn: Callable) -> DualKernel:
+    """Decorate a kernel for both back ends."""
     return DualKernel(fn)
+
+
+def dual_device_fn(fn: Callable) -> DualFunction:
+    """Decorate a device function (called from kernels, never launched) for both back ends."""
+    return DualFunction(fn)

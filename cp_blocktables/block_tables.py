@@ -26,11 +26,22 @@ from .buffers import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor
 from .contract import INT32_MAX, NULL_BLOCK_ID, PAD_SLOT_ID, BlockTablesConfig
 
 
+def _expand(ids: Sequence[int], m: int) -> list[int]:
+    """Allocator ids to kernel ids: `b` becomes `b*m, b*m+1, ..., b*m+m-1`, in order."""
+    kernel_ids = np.asarray(ids, dtype=np.int64)[:, None] * m + np.arange(m, dtype=np.int64)
+    return kernel_ids.ravel().tolist()
+
+
 class BlockTables:
     """Block tables of every KV-cache group of one CP rank.
 
+    Kernel block sizes (SPEC.md 8.1): `block_sizes[g]` is the allocator's block
+    `B`, `kernel_block_sizes[g]` the attention kernel's `K`, `m = B // K`.
+    Tables hold kernel block ids and `num_blocks` counts kernel blocks; every
+    formula of section 2 uses `bs = K`. With `K == B` (the default) `m == 1`.
+
     Persistent buffers (allocated once; their addresses are stable):
-    `block_tables[g].gpu` `[max_num_reqs, max_num_blocks_per_group[g]]` int32,
+    `block_tables[g].gpu` `[max_num_reqs, max_num_blocks_per_group[g] * m]` int32,
     `input_block_tables[g]` of the same shape, `slot_mappings`
     `[num_groups, max_num_batched_tokens]` int64, and the small per-group
     layout tensors built by `init_block_table_layout_tensors`.
@@ -60,6 +71,7 @@ class BlockTables:
         slot_mapping_enabled: list[bool] | None = None,
         dcp_sharded: list[bool] | None = None,
         sliding_window_reach: list[int] | None = None,
+        kernel_block_sizes: list[int] | None = None,
         integrity_checks: bool = False,
     ) -> None:
         cfg = BlockTablesConfig(
@@ -73,6 +85,7 @@ class BlockTables:
             slot_mapping_enabled,
             dcp_sharded,
             sliding_window_reach,
+            kernel_block_sizes,
         )
         try:
             self.device = torch.device(device)
@@ -81,7 +94,8 @@ class BlockTables:
         self.config = cfg
         # get_device() of tensors on our device: -1 for CPU, None for any CUDA device.
         self._device_index = -1 if self.device.type == "cpu" else self.device.index
-        self.block_sizes = cfg.block_sizes
+        self.block_sizes = cfg.block_sizes  # the allocator's blocks: what appends are given
+        self.kernel_block_sizes = cfg.kernel_block_sizes  # what tables and slots are built of
         self.max_num_reqs = cfg.max_num_reqs
         self.max_num_batched_tokens = cfg.max_num_batched_tokens
         self.max_num_blocks_per_group = cfg.max_num_blocks_per_group
@@ -93,11 +107,18 @@ class BlockTables:
         self.sliding_window_reach = cfg.effective_sliding_window_reach()
         # SPEC 8.3; also on under CPBT_INTEGRITY_CHECKS=1. See integrity.py.
         self.integrity_checks = integrity.enabled(integrity_checks)
-
+        self._any_reach = any(self.sliding_window_reach)
         num_groups = self.num_kv_cache_groups
+        # Kernel blocks per allocator block, and the row capacity in kernel blocks.
+        self._kernel_factors = [cfg.kernel_blocks_per_block(g) for g in range(num_groups)]
+        self._expands = any(m > 1 for m in self._kernel_factors)
+        self._table_widths = [cfg.table_width(g) for g in range(num_groups)]
+        # Largest allocator id whose last kernel id still fits an int32 table entry.
+        self._max_block_ids = [(INT32_MAX + 1) // m - 1 for m in self._kernel_factors]
+
         self.block_tables = [
-            StagedWriteTensor((max_num_reqs, m), torch.int32, self.device)
-            for m in self.max_num_blocks_per_group
+            StagedWriteTensor((max_num_reqs, w), torch.int32, self.device)
+            for w in self._table_widths
         ]
         # [num_groups, max_num_reqs]
         self.num_blocks = UvaBackedTensor(
@@ -122,37 +143,56 @@ class BlockTables:
     def _device_tensor(self, values: Sequence, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(list(values), dtype=dtype, device=self.device)
 
-    def init_block_table_layout_tensors(self) -> None:
-        """(Re)build the per-group pointer, stride, size and flag tensors.
+    def _put(self, name: str, values: Sequence, dtype: torch.dtype) -> torch.Tensor:
+        """Set attribute `name` to `values` on the device, in place when it exists and fits."""
+        host = torch.tensor(list(values), dtype=dtype)
+        t = kernels.refill(self.__dict__.get(name), host, self.device)
+        setattr(self, name, t)
+        return t
 
-        Call after replacing `block_tables[g].gpu` or `input_block_tables[g]`.
+    def init_block_table_layout_tensors(self) -> None:
+        """(Re)build every derived device tensor from host-side state; reset the forward pass.
+
+        Call after replacing `block_tables[g].gpu` or `input_block_tables[g]`,
+        and on wake-up from sleep mode (SPEC.md 8.4), which may have discarded
+        the contents of every device tensor: pointers, strides, widths, sizes,
+        flags, reaches and the slot-mapping layout are rewritten from the host
+        (in place where they exist, so that captured CUDA graphs stay valid),
+        the forward-pass tables are zeroed and the slot mappings set to
+        `PAD_SLOT_ID`, keeping their addresses. The persistent tables are not
+        touched: the engine re-appends every live row with `overwrite=True`.
         """
         cfg = self.config
         tables = [t.gpu for t in self.block_tables]
         guards.check_layout(tables, self.input_block_tables, self.max_num_reqs, self.device)
-        self.block_table_ptrs = self._device_tensor([t.data_ptr() for t in tables], torch.uint64)
-        self.block_table_strides = self._device_tensor([t.stride(0) for t in tables], torch.int64)
-        self.input_block_table_ptrs = self._device_tensor(
-            [t.data_ptr() for t in self.input_block_tables], torch.uint64
-        )
-        self.input_block_table_strides = self._device_tensor(
-            [t.stride(0) for t in self.input_block_tables], torch.int64
-        )
-        self.block_table_widths = self._device_tensor([t.shape[1] for t in tables], torch.int32)
-        self.block_sizes_tensor = self._device_tensor(cfg.block_sizes, torch.int64)
-        self.dcp_sharded = self._device_tensor(cfg.dcp_sharded, torch.bool)
-        self.sliding_window_reach_tensor = self._device_tensor(
-            self.sliding_window_reach, torch.int64
-        )
+        inputs = self.input_block_tables
+        put = self._put
+        put("block_table_ptrs", [t.data_ptr() for t in tables], torch.uint64)  # [num_groups]
+        put("block_table_strides", [t.stride(0) for t in tables], torch.int64)
+        put("input_block_table_ptrs", [t.data_ptr() for t in inputs], torch.uint64)
+        put("input_block_table_strides", [t.stride(0) for t in inputs], torch.int64)
+        put("block_table_widths", [t.shape[1] for t in tables], torch.int32)
+        put("block_sizes_tensor", cfg.block_sizes, torch.int64)
+        put("kernel_block_sizes_tensor", cfg.kernel_block_sizes, torch.int64)
+        put("dcp_sharded", cfg.dcp_sharded, torch.bool)
+        put("sliding_window_reach_tensor", self.sliding_window_reach, torch.int64)
         self._max_width = max((t.shape[1] for t in tables), default=1)
+        old = self.__dict__.get("_layout")
         self._layout = kernels.GroupLayout.build(
             tables,
             self.block_table_ptrs,
-            cfg.block_sizes,
+            cfg.kernel_block_sizes,
             [cfg.group_cp_size(g) for g in range(self.num_kv_cache_groups)],
             cfg.slot_mapping_enabled,
             self.device,
+            params_out=None if old is None else old.params,
         )
+        # The forward pass's buffers: nothing in them may outlive a sleep.
+        for t in inputs:
+            t.zero_()
+        self._input_rows_written = 0
+        self.slot_mappings.fill_(PAD_SLOT_ID)
+        # State of the integrity checks (SPEC.md 8.3), once they exist, is rebuilt here too.
 
     # ------------------------------------------------------------ writes
 
@@ -162,8 +202,9 @@ class BlockTables:
         """Stage `new_block_ids[g]` for row `req_index` of every group `g`.
 
         With `overwrite` the ids start at column 0 (a new request in a reused
-        row), else after the row's current blocks. Either every group is staged
-        or, on error, none.
+        row), else after the row's current blocks. Each allocator id `b` is
+        staged as its `m` kernel ids `b*m .. b*m+m-1` (SPEC.md 8.1) and counts
+        advance by `m` per id. Either every group is staged or, on error, none.
         """
         num_groups = self.num_kv_cache_groups
         if (
@@ -180,21 +221,33 @@ class BlockTables:
             )
         counts = self.num_blocks.np[:, req_index]  # [num_groups] view of the host truth
         starts = [0] * num_groups if overwrite else counts.tolist()
-        ends = [start + len(ids) for start, ids in zip(starts, new_block_ids)]
+        factors = self._kernel_factors
+        if self._expands:
+            ends = [s + len(ids) * m for s, ids, m in zip(starts, new_block_ids, factors)]
+        else:
+            ends = [start + len(ids) for start, ids in zip(starts, new_block_ids)]
+        # Every check runs before anything is staged: an error leaves no partial state.
         for g, (end, ids) in enumerate(zip(ends, new_block_ids)):
-            if end > self.max_num_blocks_per_group[g]:
+            if end > self._table_widths[g]:
+                unit = "kernel blocks" if factors[g] > 1 else "blocks"
                 raise RuntimeError(
-                    f"append_block_ids: request {req_index}, group {g}: blocks would end at "
-                    f"{end}, past the row capacity {self.max_num_blocks_per_group[g]}"
+                    f"append_block_ids: request {req_index}, group {g}: {unit} would end at "
+                    f"{end}, past the row capacity {self._table_widths[g]}"
                 )
-            if ids and (min(ids) < 0 or max(ids) > INT32_MAX):
+            if ids and (min(ids) < 0 or max(ids) > self._max_block_ids[g]):
                 raise ValueError(
                     f"append_block_ids: request {req_index}, group {g}: block ids "
-                    f"must lie in [0, {INT32_MAX}]"
+                    f"must lie in [0, {self._max_block_ids[g]}]"
                 )
         redirect = self.redirect_writes_to_null_block
-        for table, start, ids in zip(self.block_tables, starts, new_block_ids):
-            table.stage_write(req_index, start, [NULL_BLOCK_ID] * len(ids) if redirect else ids)
+        if self._expands:
+            for table, start, ids, m in zip(self.block_tables, starts, new_block_ids, factors):
+                if redirect:
+                    ids = [NULL_BLOCK_ID] * len(ids)
+                table.stage_write(req_index, start, _expand(ids, m) if m > 1 else ids)
+        else:  # the common case: no per-id work beyond the staging itself
+            for table, start, ids in zip(self.block_tables, starts, new_block_ids):
+                table.stage_write(req_index, start, [NULL_BLOCK_ID] * len(ids) if redirect else ids)
         counts[:] = ends
 
     def apply_staged_writes(self) -> None:
@@ -226,16 +279,7 @@ class BlockTables:
         `[num_reqs, num_rows)` become zero. `num_rows` is `num_reqs_padded`, or
         for the persistent tables at least the rows the previous gather wrote.
         """
-        num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
-        if not num_reqs <= num_reqs_padded <= self.max_num_reqs:
-            raise ValueError(
-                f"num_reqs_padded must lie in [num_reqs={num_reqs}, "
-                f"max_num_reqs={self.max_num_reqs}], got {num_reqs_padded}"
-            )
-        if num_computed_tokens is not None:
-            self._check_index_tensor(
-                "num_computed_tokens", num_computed_tokens, min_len=self.max_num_reqs
-            )
+        self._check_gather(idx_mapping, num_reqs_padded, num_computed_tokens)
         if self._validating():
             self._check_rows(idx_mapping)
         if out is None and out_ptrs is not None:
@@ -243,8 +287,7 @@ class BlockTables:
         if out is None:
             dst = self.input_block_tables
             dst_ptrs, dst_strides = self.input_block_table_ptrs, self.input_block_table_strides
-            num_rows = max(num_reqs_padded, self._input_rows_written)
-            self._input_rows_written = num_reqs_padded
+            num_rows = self._claim_input_rows(num_reqs_padded)
         else:
             dst = self._check_out_tables(out, num_reqs_padded)
             guards.check_out_tables(dst, out_ptrs, self.device)
@@ -256,39 +299,68 @@ class BlockTables:
             dst_strides = self._device_tensor([t.stride(0) for t in dst], torch.int64)
             num_rows = num_reqs_padded
         if self.num_kv_cache_groups:
-            mask = num_computed_tokens is not None and any(self.sliding_window_reach)
             kernels.gather_block_tables(
-                idx_mapping,
-                num_rows,
-                self.max_num_reqs,
-                self.block_table_ptrs,
-                self.block_table_strides,
-                dst_ptrs,
-                dst_strides,
-                self.block_table_widths,
-                self._max_width,
-                self.num_blocks.gpu,
-                self.block_sizes_tensor,
-                self.sliding_window_reach_tensor,
-                num_computed_tokens if mask else None,
+                *self._gather_args(idx_mapping, num_rows, dst_ptrs, dst_strides),
+                self._window_mask(num_computed_tokens),
             )
         if self.integrity_checks:
             integrity.check_gathered_block_tables(
                 dst, [t.gpu for t in self.block_tables], idx_mapping, self.num_blocks.gpu,
-                self.num_blocks.np, self.block_sizes, self.sliding_window_reach,
+                self.num_blocks.np, self.kernel_block_sizes, self.sliding_window_reach,
                 num_computed_tokens,
             )  # fmt: skip
         return tuple(t[:num_reqs_padded] for t in dst)
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
-        """Zero persistent rows that may hold ids; returns `[:num_reqs]` views of them."""
+        """Zero persistent rows that may hold ids; returns `[:num_reqs]` views of them.
+
+        The returned rows count as written (SPEC section 3): a profiling pass may
+        fill them, and the next gather into the persistent tables zeroes them.
+        """
         if not 0 <= num_reqs <= self.max_num_reqs:
             raise ValueError(f"num_reqs must lie in [0, {self.max_num_reqs}], got {num_reqs}")
         rows = max(num_reqs, self._input_rows_written)
         for t in self.input_block_tables:
             t[:rows].zero_()
-        self._input_rows_written = 0
+        # The views handed out may be filled by a profiling run: they count as
+        # written, so the next gather into the persistent tables clears them.
+        self._input_rows_written = num_reqs
         return tuple(t[:num_reqs] for t in self.input_block_tables)
+
+    def _claim_input_rows(self, num_reqs_padded: int) -> int:
+        """Rows a gather into the persistent tables must write; records what it leaves."""
+        num_rows = max(num_reqs_padded, self._input_rows_written)
+        self._input_rows_written = num_reqs_padded
+        return num_rows
+
+    def _window_mask(self, num_computed_tokens: torch.Tensor | None) -> torch.Tensor | None:
+        """`num_computed_tokens` when some group masks its sliding window, else `None`."""
+        if num_computed_tokens is not None and self._any_reach:
+            return num_computed_tokens
+        return None
+
+    def _gather_args(
+        self,
+        idx_mapping: torch.Tensor,
+        num_rows: int,
+        dst_ptrs: torch.Tensor,
+        dst_strides: torch.Tensor,
+    ) -> tuple:
+        """Arguments of `kernels.gather_block_tables` up to `num_computed_tokens`."""
+        return (
+            idx_mapping,
+            num_rows,
+            self.max_num_reqs,
+            self.block_table_ptrs,
+            self.block_table_strides,
+            dst_ptrs,
+            dst_strides,
+            self.block_table_widths,
+            self._max_width,
+            self.num_blocks.gpu,
+            self.kernel_block_sizes_tensor,
+            self.sliding_window_reach_tensor,
+        )
 
     # ------------------------------------------------------------ slot mappings
 
@@ -305,16 +377,7 @@ class BlockTables:
         Fills the whole output buffer in one launch (tokens past
         `qsl[num_reqs]` become `PAD_SLOT_ID`) and returns `[:, :num_tokens_padded]`.
         """
-        num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
-        self._check_index_tensor("query_start_loc", query_start_loc, exact_len=num_reqs + 1)
-        self._check_index_tensor("positions", positions)
-        buf = self.slot_mappings if out is None else self._check_out_slots(out)
-        guards.check_rows_disjoint(buf, "out")
-        if not 0 <= num_tokens_padded <= buf.shape[1]:
-            raise ValueError(
-                f"num_tokens_padded must lie in [0, {buf.shape[1]}] (the output "
-                f"buffer's length), got {num_tokens_padded}"
-            )
+        buf = self._check_slots(idx_mapping, query_start_loc, positions, num_tokens_padded, out)
         if self._validating():
             self._check_rows(idx_mapping)
             self._check_tokens(idx_mapping, query_start_loc, positions, num_tokens_padded)
@@ -334,6 +397,57 @@ class BlockTables:
             )
         return buf[:, :num_tokens_padded]
 
+    # ------------------------------------------------------------ both reads
+
+    def gather_and_compute_slot_mappings(
+        self,
+        idx_mapping: torch.Tensor,
+        num_reqs_padded: int,
+        query_start_loc: torch.Tensor,
+        positions: torch.Tensor,
+        num_tokens_padded: int,
+        num_computed_tokens: torch.Tensor | None = None,
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """`gather_block_tables` then `compute_slot_mappings` on the persistent buffers, one launch.
+
+        Same checks, effects and results as the two calls (SPEC.md 8.2): every
+        check runs before the launch, so a refused call changes nothing.
+        Returns `(tables, slot_mappings)` as the two methods would.
+        """
+        self._check_gather(idx_mapping, num_reqs_padded, num_computed_tokens)
+        buf = self._check_slots(idx_mapping, query_start_loc, positions, num_tokens_padded, None)
+        if self._validating():
+            self._check_rows(idx_mapping)
+            self._check_tokens(idx_mapping, query_start_loc, positions, num_tokens_padded)
+        num_rows = self._claim_input_rows(num_reqs_padded)
+        if self.num_kv_cache_groups:
+            kernels.gather_and_compute_slot_mappings(
+                *self._gather_args(
+                    idx_mapping,
+                    num_rows,
+                    self.input_block_table_ptrs,
+                    self.input_block_table_strides,
+                ),
+                self._window_mask(num_computed_tokens),
+                query_start_loc,
+                positions,
+                self._layout,
+                self.cp_rank,
+                self.cp_interleave,
+                buf,
+            )
+        if self.integrity_checks:
+            integrity.check_gathered_block_tables(
+                self.input_block_tables, [t.gpu for t in self.block_tables], idx_mapping,
+                self.num_blocks.gpu, self.num_blocks.np, self.kernel_block_sizes,
+                self.sliding_window_reach, num_computed_tokens,
+            )  # fmt: skip
+            integrity.check_slot_mappings(
+                buf, query_start_loc, idx_mapping, positions, self.block_sizes, num_tokens_padded
+            )
+        tables = tuple(t[:num_reqs_padded] for t in self.input_block_tables)
+        return tables, buf[:, :num_tokens_padded]
+
     def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
         """Fill the persistent buffer with `PAD_SLOT_ID`; returns `[:, :num_tokens]`."""
         if not 0 <= num_tokens <= self.max_num_batched_tokens:
@@ -344,6 +458,47 @@ class BlockTables:
         return self.slot_mappings[:, :num_tokens]
 
     # ------------------------------------------------------------ input checks
+
+    def _check_gather(
+        self,
+        idx_mapping: torch.Tensor,
+        num_reqs_padded: int,
+        num_computed_tokens: torch.Tensor | None,
+    ) -> None:
+        num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
+        if not num_reqs <= num_reqs_padded <= self.max_num_reqs:
+            raise ValueError(
+                f"num_reqs_padded must lie in [num_reqs={num_reqs}, "
+                f"max_num_reqs={self.max_num_reqs}], got {num_reqs_padded}"
+            )
+        if num_computed_tokens is not None:
+            self._check_index_tensor(
+                "num_computed_tokens", num_computed_tokens, min_len=self.max_num_reqs
+            )
+
+    def _check_slots(
+        self,
+        idx_mapping: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        positions: torch.Tensor,
+        num_tokens_padded: int,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Shapes of a slot mapping's inputs; returns the buffer it writes."""
+        num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
+        self._check_index_tensor("query_start_loc", query_start_loc, exact_len=num_reqs + 1)
+        self._check_index_tensor("positions", positions)
+        if out is None:
+            buf = self.slot_mappings
+        else:
+            buf = self._check_out_slots(out)
+            guards.check_rows_disjoint(buf, "out")
+        if not 0 <= num_tokens_padded <= buf.shape[1]:
+            raise ValueError(
+                f"num_tokens_padded must lie in [0, {buf.shape[1]}] (the output "
+                f"buffer's length), got {num_tokens_padded}"
+            )
+        return buf
 
     def _validating(self) -> bool:
         if self.validate_inputs is None:
@@ -437,7 +592,7 @@ class BlockTables:
         if len(out) != self.num_kv_cache_groups:
             raise ValueError(f"out has {len(out)} tables for {self.num_kv_cache_groups} groups")
         for g, t in enumerate(out):
-            width = self.max_num_blocks_per_group[g]
+            width = self._table_widths[g]
             if (
                 t.dtype != torch.int32
                 or t.dim() != 2

@@ -51,8 +51,10 @@ class BlockTablesConfig:
     """Validated `BlockTables` constructor arguments (device excluded).
 
     Invariants after construction: every per-group list has `num_kv_cache_groups`
-    entries; sizes are positive; `0 <= cp_rank < cp_size`; a group that is
-    DCP-sharded under `cp_size > 1` has `block_size % cp_interleave == 0`.
+    entries; sizes are positive; `0 <= cp_rank < cp_size`; every kernel block
+    size divides its group's block size (SPEC.md 8.1; default: equal to it);
+    a group that is DCP-sharded under `cp_size > 1` has
+    `kernel_block_size % cp_interleave == 0`.
     """
 
     block_sizes: list[int]
@@ -65,6 +67,7 @@ class BlockTablesConfig:
     slot_mapping_enabled: list[bool] | None = None
     dcp_sharded: list[bool] | None = None
     sliding_window_reach: list[int] | None = None
+    kernel_block_sizes: list[int] | None = None
     num_kv_cache_groups: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -101,14 +104,39 @@ class BlockTablesConfig:
         for g, w in enumerate(self.sliding_window_reach):
             if w < 0:
                 raise ValueError(f"sliding_window_reach[{g}] must be >= 0, got {w}")
+        self._check_kernel_block_sizes()
         if self.cp_size > 1:
-            for g, bs in enumerate(self.block_sizes):
-                if self.dcp_sharded[g] and bs % self.cp_interleave != 0:
+            for g, k in enumerate(self.kernel_block_sizes):
+                if self.dcp_sharded[g] and k % self.cp_interleave != 0:
+                    name = "block_sizes" if k == self.block_sizes[g] else "kernel_block_sizes"
                     raise ValueError(
-                        f"cp_interleave={self.cp_interleave} does not divide block_sizes[{g}]={bs} "
+                        f"cp_interleave={self.cp_interleave} does not divide {name}[{g}]={k} "
                         f"of DCP-sharded group {g}: a rank's share of a virtual block would "
                         f"overflow its physical block"
                     )
+
+    def _check_kernel_block_sizes(self) -> None:
+        n = self.num_kv_cache_groups
+        if self.kernel_block_sizes is None:
+            self.kernel_block_sizes = list(self.block_sizes)
+            return
+        self.kernel_block_sizes = _check_list("kernel_block_sizes", self.kernel_block_sizes, n, int)
+        for g, (b, k) in enumerate(zip(self.block_sizes, self.kernel_block_sizes)):
+            if k < 1:
+                raise ValueError(f"kernel_block_sizes[{g}] must be >= 1, got {k}")
+            if b % k != 0:
+                raise ValueError(
+                    f"kernel_block_sizes[{g}]={k} does not divide block_sizes[{g}]={b} of "
+                    f"group {g}: an allocator block must be a whole number of kernel blocks"
+                )
+
+    def kernel_blocks_per_block(self, g: int) -> int:
+        """`m = block_sizes[g] // kernel_block_sizes[g]`: kernel blocks in one allocator block."""
+        return self.block_sizes[g] // self.kernel_block_sizes[g]
+
+    def table_width(self, g: int) -> int:
+        """Columns of group `g`'s tables: `max_num_blocks_per_group[g] * m` kernel blocks."""
+        return self.max_num_blocks_per_group[g] * self.kernel_blocks_per_block(g)
 
     def effective_sliding_window_reach(self) -> list[int]:
         """Reaches used for masking: all 0 under `cp_size > 1`, where a column is no token range."""
