@@ -17,6 +17,8 @@ silent are listed in docs/contract-notes.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
+from operator import add, gt
 
 import numpy as np
 import torch
@@ -30,6 +32,20 @@ def _expand(ids: Sequence[int], m: int) -> list[int]:
     """Allocator ids to kernel ids: `b` becomes `b*m, b*m+1, ..., b*m+m-1`, in order."""
     kernel_ids = np.asarray(ids, dtype=np.int64)[:, None] * m + np.arange(m, dtype=np.int64)
     return kernel_ids.ravel().tolist()
+
+
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_INT_TYPES = frozenset({int})  # the ids' types that need no closer look
+
+
+def _refuse_id_types(req_index: int, group: int, ids: Sequence) -> None:
+    """Raise unless every id is an integer (numpy integers included, bools not)."""
+    for v in ids:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise ValueError(
+                f"append_block_ids: request {req_index}, group {group}: block id {v!r} "
+                f"is not an int"
+            )
 
 
 class BlockTables:
@@ -136,6 +152,10 @@ class BlockTables:
         )
         # Rows of input_block_tables the last gather may have left non-zero.
         self._input_rows_written = 0
+        # Scratch of append_block_ids (no allocation per call).
+        self._append_starts = [0] * num_groups
+        self._append_ends = [0] * num_groups
+        self._zeros = [0] * num_groups
         self.init_block_table_layout_tensors()
 
     # ------------------------------------------------------------ layout
@@ -192,6 +212,9 @@ class BlockTables:
             t.zero_()
         self._input_rows_written = 0
         self.slot_mappings.fill_(PAD_SLOT_ID)
+        # Views handed back by the reads, built once per size (see `_table_views`).
+        self._table_views: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._slot_views: dict[int, torch.Tensor] = {}
         # State of the integrity checks (SPEC.md 8.3), once they exist, is rebuilt here too.
 
     # ------------------------------------------------------------ writes
@@ -205,50 +228,116 @@ class BlockTables:
         row), else after the row's current blocks. Each allocator id `b` is
         staged as its `m` kernel ids `b*m .. b*m+m-1` (SPEC.md 8.1) and counts
         advance by `m` per id. Either every group is staged or, on error, none.
+
+        Called for every request with new blocks in every step, on the CPU's
+        critical path: the ids are checked once (their types in one C-level
+        pass, their range by `min` and `max`), every check runs before anything
+        is staged, and nothing is allocated beyond the staged lists themselves.
         """
-        num_groups = self.num_kv_cache_groups
-        if (
-            isinstance(req_index, bool)
-            or not isinstance(req_index, (int, np.integer))
-            or not 0 <= req_index < self.max_num_reqs
-        ):
+        if type(req_index) is not int:
+            if isinstance(req_index, (bool, np.bool_)) or not isinstance(req_index, np.integer):
+                raise ValueError(
+                    f"req_index must be an int in [0, {self.max_num_reqs}), got {req_index!r}"
+                )
+            req_index = int(req_index)
+        if not 0 <= req_index < self.max_num_reqs:
             raise ValueError(
                 f"req_index must be an int in [0, {self.max_num_reqs}), got {req_index!r}"
             )
+        num_groups = self.num_kv_cache_groups
         if len(new_block_ids) != num_groups:
             raise ValueError(
                 f"new_block_ids has {len(new_block_ids)} entries for {num_groups} KV-cache groups"
             )
-        counts = self.num_blocks.np[:, req_index]  # [num_groups] view of the host truth
-        starts = [0] * num_groups if overwrite else counts.tolist()
-        factors = self._kernel_factors
-        if self._expands:
-            ends = [s + len(ids) * m for s, ids, m in zip(starts, new_block_ids, factors)]
-        else:
-            ends = [start + len(ids) for start, ids in zip(starts, new_block_ids)]
-        # Every check runs before anything is staged: an error leaves no partial state.
-        for g, (end, ids) in enumerate(zip(ends, new_block_ids)):
+        counts = self.num_blocks.np  # [num_groups, max_num_reqs]: the host truth
+        if not self._expands and not self.redirect_writes_to_null_block:
+            # The common case, in C-level passes: lengths, every id's type, the range.
+            if overwrite:
+                starts = self._zeros
+                ends = list(map(len, new_block_ids))
+            else:
+                starts = counts[:, req_index].tolist()
+                ends = list(map(add, starts, map(len, new_block_ids)))
+            if any(map(gt, ends, self._table_widths)):
+                self._refuse_capacity(req_index, ends)
+            flat = list(chain.from_iterable(new_block_ids))
+            if flat:
+                if not _INT_TYPES.issuperset(map(type, flat)):
+                    for g, ids in enumerate(new_block_ids):
+                        _refuse_id_types(req_index, g, ids)
+                if min(flat) < 0 or max(flat) > INT32_MAX:
+                    self._refuse_id_range(req_index, new_block_ids)
+            for g, (table, ids) in enumerate(zip(self.block_tables, new_block_ids)):
+                if ids:
+                    table._stage_checked(req_index, starts[g], ids)
+                counts[g, req_index] = ends[g]
+            return
+        self._append_general(req_index, new_block_ids, overwrite, counts)
+
+    def _refuse_capacity(self, req_index: int, ends: list[int]) -> None:
+        for g, end in enumerate(ends):
             if end > self._table_widths[g]:
-                unit = "kernel blocks" if factors[g] > 1 else "blocks"
+                unit = "kernel blocks" if self._kernel_factors[g] > 1 else "blocks"
                 raise RuntimeError(
                     f"append_block_ids: request {req_index}, group {g}: {unit} would end at "
                     f"{end}, past the row capacity {self._table_widths[g]}"
                 )
+
+    def _refuse_id_range(self, req_index: int, new_block_ids: Sequence[Sequence[int]]) -> None:
+        for g, ids in enumerate(new_block_ids):
             if ids and (min(ids) < 0 or max(ids) > self._max_block_ids[g]):
                 raise ValueError(
                     f"append_block_ids: request {req_index}, group {g}: block ids "
                     f"must lie in [0, {self._max_block_ids[g]}]"
                 )
+
+    def _append_general(
+        self,
+        req_index: int,
+        new_block_ids: Sequence[Sequence[int]],
+        overwrite: bool,
+        counts: np.ndarray,
+    ) -> None:
+        """`append_block_ids` with kernel-block expansion or null-block redirection."""
+        num_groups = self.num_kv_cache_groups
+        factors, widths, max_ids = self._kernel_factors, self._table_widths, self._max_block_ids
+        starts = self._append_starts
+        ends = self._append_ends
+        # Every check runs before anything is staged: an error leaves no partial state.
+        for g in range(num_groups):
+            ids = new_block_ids[g]
+            start = 0 if overwrite else int(counts[g, req_index])
+            end = start + len(ids) * factors[g]
+            if end > widths[g]:
+                unit = "kernel blocks" if factors[g] > 1 else "blocks"
+                raise RuntimeError(
+                    f"append_block_ids: request {req_index}, group {g}: {unit} would end at "
+                    f"{end}, past the row capacity {widths[g]}"
+                )
+            if ids:
+                if not _INT_TYPES.issuperset(map(type, ids)):
+                    _refuse_id_types(req_index, g, ids)
+                if min(ids) < 0 or max(ids) > max_ids[g]:
+                    raise ValueError(
+                        f"append_block_ids: request {req_index}, group {g}: block ids "
+                        f"must lie in [0, {max_ids[g]}]"
+                    )
+            starts[g] = start
+            ends[g] = end
         redirect = self.redirect_writes_to_null_block
-        if self._expands:
-            for table, start, ids, m in zip(self.block_tables, starts, new_block_ids, factors):
-                if redirect:
-                    ids = [NULL_BLOCK_ID] * len(ids)
-                table.stage_write(req_index, start, _expand(ids, m) if m > 1 else ids)
-        else:  # the common case: no per-id work beyond the staging itself
-            for table, start, ids in zip(self.block_tables, starts, new_block_ids):
-                table.stage_write(req_index, start, [NULL_BLOCK_ID] * len(ids) if redirect else ids)
-        counts[:] = ends
+        for g in range(num_groups):
+            ids = new_block_ids[g]
+            if not ids:
+                counts[g, req_index] = ends[g]
+                continue
+            if redirect:
+                ids = [NULL_BLOCK_ID] * len(ids)
+            elif type(ids) is not list:
+                ids = list(ids)
+            if factors[g] > 1:
+                ids = _expand(ids, factors[g])
+            self.block_tables[g]._stage_checked(req_index, starts[g], ids)
+            counts[g, req_index] = ends[g]
 
     def apply_staged_writes(self) -> None:
         """Make every staged write visible on the device and publish `num_blocks`."""
@@ -309,6 +398,8 @@ class BlockTables:
                 self.num_blocks.np, self.kernel_block_sizes, self.sliding_window_reach,
                 num_computed_tokens,
             )  # fmt: skip
+        if out is None:
+            return self._table_views_of(num_reqs_padded)
         return tuple(t[:num_reqs_padded] for t in dst)
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
@@ -395,7 +486,24 @@ class BlockTables:
             integrity.check_slot_mappings(
                 buf, query_start_loc, idx_mapping, positions, self.block_sizes, num_tokens_padded
             )
-        return buf[:, :num_tokens_padded]
+        return self._slot_view_of(num_tokens_padded) if out is None else buf[:, :num_tokens_padded]
+
+    def _table_views_of(self, num_rows: int) -> tuple[torch.Tensor, ...]:
+        """`[:num_rows]` views of the persistent forward-pass tables, built once per size:
+        slicing costs about a microsecond a tensor, on the CPU's critical path."""
+        views = self._table_views.get(num_rows)
+        if views is None:
+            views = self._table_views[num_rows] = tuple(
+                t[:num_rows] for t in self.input_block_tables
+            )
+        return views
+
+    def _slot_view_of(self, num_tokens: int) -> torch.Tensor:
+        """`[:, :num_tokens]` of the persistent slot mappings, built once per size."""
+        view = self._slot_views.get(num_tokens)
+        if view is None:
+            view = self._slot_views[num_tokens] = self.slot_mappings[:, :num_tokens]
+        return view
 
     # ------------------------------------------------------------ both reads
 
@@ -445,8 +553,7 @@ class BlockTables:
             integrity.check_slot_mappings(
                 buf, query_start_loc, idx_mapping, positions, self.block_sizes, num_tokens_padded
             )
-        tables = tuple(t[:num_reqs_padded] for t in self.input_block_tables)
-        return tables, buf[:, :num_tokens_padded]
+        return self._table_views_of(num_reqs_padded), self._slot_view_of(num_tokens_padded)
 
     def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
         """Fill the persistent buffer with `PAD_SLOT_ID`; returns `[:, :num_tokens]`."""
@@ -515,10 +622,30 @@ class BlockTables:
     def _check_index_tensor(
         self, name: str, t: object, exact_len: int | None = None, min_len: int = 0
     ) -> int:
-        """Shape, dtype and device of a 1-D integer input (no device sync)."""
+        """Shape, dtype and device of a 1-D integer input (no device sync).
+
+        The common case costs one combined test; the messages are built only on failure.
+        """
+        if isinstance(t, torch.Tensor) and t.dtype in _INDEX_DTYPES and t.dim() == 1:
+            n = t.shape[0]
+            index = t.get_device()  # -1 on CPU; cheaper than building `t.device`
+            if (
+                (index == self._device_index or (self._device_index is None and index >= 0))
+                and (exact_len is None or n == exact_len)
+                and n >= min_len
+                and (n <= self.max_num_reqs or name != "idx_mapping")
+                and t.is_contiguous()
+            ):
+                return n
+        return self._refuse_index_tensor(name, t, exact_len, min_len)
+
+    def _refuse_index_tensor(
+        self, name: str, t: object, exact_len: int | None, min_len: int
+    ) -> int:
+        """`_check_index_tensor`'s slow path: raise the message that names the fault."""
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
+        if t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
             raise ValueError(
                 f"{name} must be a 1-D int32 or int64 tensor, got "
                 f"{t.dtype} of shape {tuple(t.shape)}"

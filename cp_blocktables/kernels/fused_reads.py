@@ -11,7 +11,11 @@ from .layout import GroupLayout
 from .slot_mappings import map_slots, slot_mapping_launch_args
 
 
-@dual_jit
+@dual_jit(
+    do_not_specialize=(
+        "num_reqs", "num_rows", "s_num_reqs", "num_positions", "gather_programs"
+    )
+)  # fmt: skip
 def _gather_and_slot_mappings_kernel(
     # the gather's arguments (see gather_rows)
     idx_mapping,
