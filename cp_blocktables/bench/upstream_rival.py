@@ -263,6 +263,7 @@ class UpstreamBlockTables:
         self.widths = tensor([t.shape[1] for t in self.tables], torch.int64)
         self.block_sizes = tensor(config.block_sizes, torch.int64)
         self.reaches = tensor(config.effective_sliding_window_reach(), torch.int64)
+        self._any_reach = any(config.effective_sliding_window_reach())
         params = [
             [config.block_sizes[g], config.group_cp_size(g), int(config.slot_mapping_enabled[g])]
             for g in range(num_groups)
