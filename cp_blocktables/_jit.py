@@ -65,7 +65,12 @@ def _for_backend(fn: Callable, interpret: bool, **jit_options) -> Callable:
         copy.__doc__ = fn.__doc__
         fn = copy
     with _triton_interpret("1" if interpret else "0"):
-        return triton.jit(fn, **jit_options)
+        try:
+            return triton.jit(fn, **jit_options)
+        except TypeError:  # a Triton whose interpreter takes no such option: it needs none
+            if not jit_options:
+                raise
+            return triton.jit(fn)
 
 
 class DualFunction:

@@ -268,7 +268,7 @@ class BlockTables:
                 if min(flat) < 0 or max(flat) > INT32_MAX:
                     self._refuse_id_range(req_index, new_block_ids)
             for g, (table, ids) in enumerate(zip(self.block_tables, new_block_ids)):
-                if ids:
+                if len(ids):
                     table._stage_checked(req_index, starts[g], ids)
                 counts[g, req_index] = ends[g]
             return
@@ -285,7 +285,7 @@ class BlockTables:
 
     def _refuse_id_range(self, req_index: int, new_block_ids: Sequence[Sequence[int]]) -> None:
         for g, ids in enumerate(new_block_ids):
-            if ids and (min(ids) < 0 or max(ids) > self._max_block_ids[g]):
+            if len(ids) and (min(ids) < 0 or max(ids) > self._max_block_ids[g]):
                 raise ValueError(
                     f"append_block_ids: request {req_index}, group {g}: block ids "
                     f"must lie in [0, {self._max_block_ids[g]}]"
@@ -314,7 +314,7 @@ class BlockTables:
                     f"append_block_ids: request {req_index}, group {g}: {unit} would end at "
                     f"{end}, past the row capacity {widths[g]}"
                 )
-            if ids:
+            if len(ids):
                 if not _INT_TYPES.issuperset(map(type, ids)):
                     _refuse_id_types(req_index, g, ids)
                 if min(ids) < 0 or max(ids) > max_ids[g]:
@@ -327,7 +327,7 @@ class BlockTables:
         redirect = self.redirect_writes_to_null_block
         for g in range(num_groups):
             ids = new_block_ids[g]
-            if not ids:
+            if not len(ids):
                 counts[g, req_index] = ends[g]
                 continue
             if redirect:
