@@ -181,7 +181,7 @@ class _ReadCase:
             row.torch_device_us = t.device_us
             row.agrees = row.agrees and torch.equal(mine, s.torch_slots)
         lens = torch.tensor(self.lens, device=self.timer.device)
-        row.bytes = slot_bytes(bt.config, s.idx, lens, s.pos)
+        row.bytes = self.slot_bytes = slot_bytes(bt.config, s.idx, lens, s.pos)
 
     def gather(self, row: Row) -> None:
         bt, rival, sets, n = self.bt, self.rival, self.sets, self.num_reqs
@@ -193,7 +193,7 @@ class _ReadCase:
         s = sets[0]
         mine = bt.gather_block_tables(s.idx, n)
         row.agrees = all(torch.equal(a, b[:n]) for a, b in zip(mine, s.tables))
-        row.bytes = 8 * n + 8 * n * sum(t.shape[1] for t in s.tables)
+        row.bytes = self.gather_bytes = 8 * n + 8 * n * sum(t.shape[1] for t in s.tables)
 
     def _rival_both(self, s: _ReadInputs) -> None:
         self.rival.gather_block_tables(s.idx, self.num_reqs, s.tables)
@@ -210,6 +210,7 @@ class _ReadCase:
         row.agrees = torch.equal(mine, s.slots) and all(
             torch.equal(a, b[:n]) for a, b in zip(tables, s.tables)
         )
+        row.bytes = self.slot_bytes + self.gather_bytes  # both reads' bytes
 
     def rows(self, with_torch: bool) -> list[Row]:
         case = f"T={tokens_label(self.tokens)} G={self.groups} cp={self.cp}"
