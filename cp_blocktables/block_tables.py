@@ -212,6 +212,10 @@ class BlockTables:
             t.zero_()
         self._input_rows_written = 0
         self.slot_mappings.fill_(PAD_SLOT_ID)
+        # The slot mapping into the persistent buffer, its launch prepared once.
+        self._slot_plan = kernels.SlotMappingPlan(
+            self._layout, self.max_num_reqs, self.cp_rank, self.cp_interleave, self.slot_mappings
+        )
         # Views handed back by the reads, built once per size (see `_table_views`).
         self._table_views: dict[int, tuple[torch.Tensor, ...]] = {}
         self._slot_views: dict[int, torch.Tensor] = {}
@@ -472,16 +476,19 @@ class BlockTables:
         if self._validating():
             self._check_rows(idx_mapping)
             self._check_tokens(idx_mapping, query_start_loc, positions, num_tokens_padded)
-        kernels.compute_slot_mappings(
-            idx_mapping,
-            query_start_loc,
-            positions,
-            self.max_num_reqs,
-            self._layout,
-            self.cp_rank,
-            self.cp_interleave,
-            buf,
-        )
+        if out is None:
+            self._slot_plan.launch(idx_mapping, query_start_loc, positions)
+        else:
+            kernels.compute_slot_mappings(
+                idx_mapping,
+                query_start_loc,
+                positions,
+                self.max_num_reqs,
+                self._layout,
+                self.cp_rank,
+                self.cp_interleave,
+                buf,
+            )
         if self.integrity_checks:
             integrity.check_slot_mappings(
                 buf, query_start_loc, idx_mapping, positions, self.block_sizes, num_tokens_padded

@@ -217,6 +217,57 @@ def slot_mapping_launch_args(
     return programs, args, meta
 
 
+class SlotMappingPlan:
+    """A slot mapping into one fixed output buffer, prepared once (per layout build).
+
+    Everything but the batch is bound here: per call only `idx_mapping`,
+    `query_start_loc`, `positions` and their sizes reach the launch. Same
+    kernel, same arguments as `compute_slot_mappings`.
+    """
+
+    def __init__(
+        self,
+        layout: GroupLayout,
+        max_num_reqs: int,
+        cp_rank: int,
+        cp_interleave: int,
+        out: torch.Tensor,
+    ) -> None:
+        num_groups, out_len = out.shape
+        programs, self.meta = _slot_mapping_meta(
+            out.is_cpu, num_groups, out_len, layout, cp_interleave, max_num_reqs
+        )
+        self.device = out.device
+        self.grid = (programs,)
+        self.max_num_reqs = max_num_reqs
+        self.tail = (
+            layout.table_ptrs,
+            layout.params,
+            cp_rank,
+            cp_interleave,
+            cp_interleave.bit_length() - 1,
+            out,
+            out.stride(0),
+            out_len,
+        )
+
+    def launch(
+        self, idx_mapping: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor
+    ) -> None:
+        _compute_slot_mappings_kernel.launch(
+            self.device,
+            self.grid,
+            idx_mapping,
+            idx_mapping.shape[0],
+            self.max_num_reqs,
+            query_start_loc,
+            positions,
+            positions.shape[0],
+            *self.tail,
+            **self.meta,
+        )
+
+
 def compute_slot_mappings(
     idx_mapping: torch.Tensor,
     query_start_loc: torch.Tensor,
