@@ -529,8 +529,10 @@ class BlockTables:
         check runs before the launch, so a refused call changes nothing.
         Returns `(tables, slot_mappings)` as the two methods would.
         """
-        self._check_gather(idx_mapping, num_reqs_padded, num_computed_tokens)
-        buf = self._check_slots(idx_mapping, query_start_loc, positions, num_tokens_padded, None)
+        num_reqs = self._check_gather(idx_mapping, num_reqs_padded, num_computed_tokens)
+        buf = self._check_slots(
+            idx_mapping, query_start_loc, positions, num_tokens_padded, None, num_reqs
+        )
         if self._validating():
             self._check_rows(idx_mapping)
             self._check_tokens(idx_mapping, query_start_loc, positions, num_tokens_padded)
@@ -578,7 +580,8 @@ class BlockTables:
         idx_mapping: torch.Tensor,
         num_reqs_padded: int,
         num_computed_tokens: torch.Tensor | None,
-    ) -> None:
+    ) -> int:
+        """Shapes of a gather's inputs; returns `num_reqs`."""
         num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
         if not num_reqs <= num_reqs_padded <= self.max_num_reqs:
             raise ValueError(
@@ -589,6 +592,7 @@ class BlockTables:
             self._check_index_tensor(
                 "num_computed_tokens", num_computed_tokens, min_len=self.max_num_reqs
             )
+        return num_reqs
 
     def _check_slots(
         self,
@@ -597,9 +601,11 @@ class BlockTables:
         positions: torch.Tensor,
         num_tokens_padded: int,
         out: torch.Tensor | None,
+        num_reqs: int | None = None,
     ) -> torch.Tensor:
         """Shapes of a slot mapping's inputs; returns the buffer it writes."""
-        num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
+        if num_reqs is None:  # else `idx_mapping` was checked by the caller
+            num_reqs = self._check_index_tensor("idx_mapping", idx_mapping)
         self._check_index_tensor("query_start_loc", query_start_loc, exact_len=num_reqs + 1)
         self._check_index_tensor("positions", positions)
         if out is None:
