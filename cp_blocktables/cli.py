@@ -7,7 +7,7 @@ Subcommands live in `SUBCOMMANDS`: a name maps to a help line, a function
 that adds its arguments to its parser, and a function that runs it and
 returns the exit code. `bench` has its own registry of actions,
 `BENCH_ACTIONS` (`harness`, `kernels`, `plugin`), built the same way, and so
-has `drill` (`DRILL_ACTIONS`: `null-block`, `faults`).
+has `drill` (`DRILL_ACTIONS`: `null-block`, `wake-up`, `faults`).
 """
 
 from __future__ import annotations
@@ -371,7 +371,7 @@ def _add_drill_null_block_arguments(p: argparse.ArgumentParser) -> None:
 
 def drill_options(args: argparse.Namespace):
     """`DrillOptions` from parsed arguments, checked for the world it will run in."""
-    from .drills.null_block import DrillOptions, plan
+    from .drills.options import DrillOptions, plan
 
     env = _rank_env(args)
     world = args.world_size or (max(args.sizes) if args.sizes else 4)
@@ -391,19 +391,31 @@ def drill_options(args: argparse.Namespace):
         quiet=args.quiet,
         world_size=env.world_size if env else world,
         spawned=env is None,
+        drill=args.action,
+        cycles=getattr(args, "cycles", 2),
     )
     _check_plan(opts, plan)
     return opts
 
 
-def _drill_null_block(args: argparse.Namespace) -> int:
+def _drill_live_state(args: argparse.Namespace) -> int:
     opts = drill_options(args)
-    from .drills.null_block import run_drill_rank
+    from .drills.driver import run_drill_rank
     from .harness.dist import spawn_local
 
     if not opts.spawned:
         return run_drill_rank(opts)
     return spawn_local(opts.world_size, lambda: run_drill_rank(opts), opts.timeout)
+
+
+def _add_drill_wake_up_arguments(p: argparse.ArgumentParser) -> None:
+    _add_drill_null_block_arguments(p)
+    p.add_argument(
+        "--cycles",
+        type=_positive(int),
+        default=2,
+        help="sleeps inside each serve phase (default 2; serve 2 adds one before its first step)",
+    )
 
 
 def _add_drill_faults_arguments(p: argparse.ArgumentParser) -> None:
@@ -457,7 +469,13 @@ DRILL_ACTIONS: dict[str, Subcommand] = {
     "null-block": Subcommand(
         "the elastic-EP warm-up on live state: no live KV touched, every check before and after",
         _add_drill_null_block_arguments,
-        _drill_null_block,
+        _drill_live_state,
+    ),
+    "wake-up": Subcommand(
+        "sleep mode on live state: device memory overwritten, the engine's wake-up, every "
+        "check after it",
+        _add_drill_wake_up_arguments,
+        _drill_live_state,
     ),
     "faults": Subcommand(
         "ranks that raise, restart, hang or disagree under torchrun: ended, named, nothing left",
@@ -477,7 +495,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "benchmarks: harness, kernels, plugin", _actions_parser(BENCH_ACTIONS), _run_action
     ),
     "drill": Subcommand(
-        "drills: the null-block warm-up on live state, and rank faults",
+        "drills: the null-block warm-up and sleep/wake-up on live state, and rank faults",
         _actions_parser(DRILL_ACTIONS),
         _run_action,
     ),

@@ -76,12 +76,16 @@ def _slot_view(slot_mappings: torch.Tensor, limit: int | None) -> torch.Tensor:
     return slot_mappings if limit is None else slot_mappings[:, :limit]
 
 
-def _floors(null_slots: Sequence[int], device: torch.device) -> torch.Tensor:
+def _floors(null_slots: Sequence[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
     """`[groups, 1]` int64 null-block bounds on `device`, built once per value and device.
 
-    A module cache rather than a per-call upload: each upload costs a launch
-    and host work on every step, and these values never change.
+    `BlockTables` passes a device tensor of its own, rebuilt by
+    `init_block_table_layout_tensors` (so a wake-up after sleep rebuilds it
+    too). Other callers pass a list, served from a module cache rather than a
+    per-call upload: each upload costs a launch and host work on every step.
     """
+    if isinstance(null_slots, torch.Tensor):
+        return null_slots.view(-1, 1)
     key = (tuple(int(v) for v in null_slots), str(device))
     floors = _FLOORS.get(key)
     if floors is None:
@@ -144,6 +148,8 @@ def explain_slot_mapping_faults(
 ) -> str:
     """Name every group's negative and shared slots and the tokens involved (slow, host)."""
     s = _slot_view(slot_mappings, limit).cpu().numpy()
+    if isinstance(null_slots, torch.Tensor):
+        null_slots = null_slots.cpu().tolist()
     qsl = query_start_loc.cpu().numpy().astype(np.int64)
     num_tokens = min(int(qsl[-1]), s.shape[1])
     pos = None if positions is None else positions.cpu().numpy()

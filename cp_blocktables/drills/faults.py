@@ -20,31 +20,27 @@ Each scenario is a real run of the null-block drill (`launch/drill.py`) with
 In every scenario, each process the drill started (and their children: every
 one carries a marker in its environment) is gone when the scenario ends; a
 survivor is killed and the scenario fails. The scenarios run side by side.
+
+The fault itself is `fault_inject.Fault`; starting, timing and reaping the
+processes is `procs.run_marked`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import json
 import math
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
-import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .fault_inject import FAULT_ENV
+from .procs import Outcome, error_files, free_port, run_marked
+
 SCENARIOS = ("raise", "restart", "hang", "mismatch")
 FAULT_STEP = 2
-_MARKER = "CP_BLOCKTABLES_DRILL_MARKER"
-FAULT_ENV = "CP_BLOCKTABLES_DRILL_FAULT"
 _SLACK_S = 5.0
 """Beyond the collective timeout: gloo's timer granularity and a busy scheduler."""
 _SCRIPT = Path(__file__).resolve().parents[2] / "launch" / "drill.py"
@@ -59,20 +55,6 @@ class FaultDrillOptions:
     steps: int = 6
     keep_logs: str | None = None
     report_path: str | None = None
-
-
-@dataclass
-class Outcome:
-    """What one scenario promised, what was seen, and whether they match."""
-
-    scenario: str
-    promise: str
-    passed: bool = False
-    observed: str = ""
-    wall_s: float = 0.0
-    exit_codes: list[int | None] = field(default_factory=list)
-    leftovers: list[int] = field(default_factory=list)
-    output_tail: str = ""
 
 
 def run_fault_drill(opts: FaultDrillOptions) -> int:
@@ -101,69 +83,6 @@ def run_fault_drill(opts: FaultDrillOptions) -> int:
         data = {"passed": all(o.passed for o in ordered), "outcomes": [asdict(o) for o in ordered]}
         Path(opts.report_path).write_text(json.dumps(data, indent=1) + "\n")
     return 0 if all(o.passed for o in ordered) else 1
-
-
-# ---------------------------------------------------------------- the fault a rank injects
-
-
-class InjectedFault(RuntimeError):
-    """Raised by a rank that the fault drill told to fail mid-step."""
-
-
-@dataclass
-class Fault:
-    """A fault to inject (`CP_BLOCKTABLES_DRILL_FAULT=KIND:rank=R:step=S[:attempt=A]`).
-
-    At step `S` of the first serve phase, after the step's kernels ran and
-    before its first collective, rank `R` raises `InjectedFault` (`raise`) or
-    sleeps forever (`hang`). With `attempt=A` only torchrun's attempt `A`
-    (`TORCHELASTIC_RESTART_COUNT`) faults, so that a restarted group passes.
-    """
-
-    kind: str
-    rank: int
-    step: int
-    attempt: int | None = None
-    armed: str = ""
-
-    @staticmethod
-    def from_environ(rank: int) -> Fault | None:
-        text = os.environ.get(FAULT_ENV, "")
-        if not text:
-            return None
-        kind, *fields = text.split(":")
-        try:
-            values = {k: int(v) for k, v in (f.split("=", 1) for f in fields)}
-            fault = Fault(kind, values.pop("rank"), values.pop("step"), values.pop("attempt", None))
-        except (ValueError, KeyError) as e:
-            raise ValueError(
-                f"{FAULT_ENV}={text!r}: expected KIND:rank=R:step=S[:attempt=A] ({e})"
-            ) from None
-        if kind not in ("raise", "hang") or values:
-            raise ValueError(
-                f"{FAULT_ENV}={text!r}: KIND is raise or hang, fields rank, step, attempt"
-            )
-        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        if fault.rank != rank or fault.attempt not in (None, attempt):
-            return None
-        return fault
-
-    def after_step(self, step: int, where: str) -> None:
-        if step == self.step and not self.armed:
-            self.armed = f"step {step} of {where}"
-
-    def before_collective(self) -> None:
-        if not self.armed:
-            return
-        if self.kind == "hang":
-            print(
-                f"cp-blocktables: rank {self.rank}: injected hang at {self.armed}",
-                file=sys.stderr,
-                flush=True,
-            )
-            while True:
-                time.sleep(1)
-        raise InjectedFault(f"injected fault: rank {self.rank} raised at {self.armed}")
 
 
 # ---------------------------------------------------------------- scenarios
@@ -206,8 +125,8 @@ def _raise(opts: FaultDrillOptions, logs: Path) -> Outcome:
         f"summary name rank {bad}, the message names the step",
     )
     env = {FAULT_ENV: f"raise:rank={bad}:step={FAULT_STEP}"}
-    text = _text(_run(out, [_torchrun(opts, logs, 0)], [env], _deadline(opts)))
-    errors = _error_files(logs, attempt=0)
+    text = _text(run_marked(out, [_torchrun(opts, logs, 0)], [env], _deadline(opts)))
+    errors = error_files(logs, attempt=0)
     root = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", text, re.S)
     message = errors.get(bad, "")
     out.passed = (
@@ -233,8 +152,8 @@ def _restart(opts: FaultDrillOptions, logs: Path) -> Outcome:
         f"starts fresh and passes: exit 0",
     )
     env = {FAULT_ENV: f"raise:rank={bad}:step={FAULT_STEP}:attempt=0"}
-    text = _text(_run(out, [_torchrun(opts, logs, 1)], [env], _deadline(opts)))
-    message = _error_files(logs, attempt=0).get(bad, "")
+    text = _text(run_marked(out, [_torchrun(opts, logs, 1)], [env], _deadline(opts)))
+    message = error_files(logs, attempt=0).get(bad, "")
     passed_again = "PASS" in text and "torchrun attempt 1" in text
     out.passed = (
         out.exit_codes[0] == 0 and "InjectedFault" in message and passed_again and not out.leftovers
@@ -254,7 +173,7 @@ def _hang(opts: FaultDrillOptions, logs: Path) -> Outcome:
         f"{opts.timeout:g} s timeout naming rank {bad}; exit non-zero",
     )
     env = {FAULT_ENV: f"hang:rank={bad}:step={FAULT_STEP}"}
-    lines = _run(out, [_torchrun(opts, logs, 0)], [env], _deadline(opts))
+    lines = run_marked(out, [_torchrun(opts, logs, 0)], [env], _deadline(opts))
     pattern = re.compile(
         rf"rank \d+: collective #\d+ \(.*?\) failed after at most \d+ s: never reached by "
         rf"rank {bad} \(.*?\)"
@@ -288,7 +207,7 @@ def _mismatch(opts: FaultDrillOptions, logs: Path) -> Outcome:
         f"rank {bad} started with another {' and '.join(fields)}: refused before any step, "
         f"naming each field and rank {bad}",
     )
-    port = _free_port()
+    port = free_port()
     cmds, envs = [], []
     for r in range(opts.nproc):
         cmds.append(
@@ -304,7 +223,7 @@ def _mismatch(opts: FaultDrillOptions, logs: Path) -> Outcome:
                 "MASTER_PORT": str(port),
             }
         )
-    text = _text(_run(out, cmds, envs, _deadline(opts)))
+    text = _text(run_marked(out, cmds, envs, _deadline(opts)))
     lines = [ln.strip() for ln in text.splitlines() if "differs between ranks" in ln]
     named = all(any(f"field {f!r}" in ln and f"rank {bad}:" in ln for ln in lines) for f in fields)
     out.passed = (
@@ -338,124 +257,9 @@ def _other_interleave(name: str) -> int | None:
     return options[0] if options else None
 
 
-# ---------------------------------------------------------------- processes
-
-
 def _deadline(opts: FaultDrillOptions) -> float:
     """How long a scenario may take before the drill kills it: timeouts plus a slow start."""
     return 4 * opts.timeout + 240
-
-
-def _run(
-    out: Outcome, cmds: list[list[str]], envs: list[dict], deadline: float
-) -> list[tuple[float, str]]:
-    """Start `cmds` (marked), wait up to `deadline` s, kill what is left.
-
-    Returns every line they printed with the second it arrived (from the start).
-    """
-    marker = uuid.uuid4().hex
-    root = str(Path(__file__).resolve().parents[2])
-    base = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_VARS}
-    base["PYTHONPATH"] = os.pathsep.join(p for p in (root, base.get("PYTHONPATH", "")) if p)
-    base[_MARKER] = marker
-    t0 = time.monotonic()
-    procs = [
-        subprocess.Popen(
-            cmd,
-            cwd=root,
-            env={**base, **env},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        for cmd, env in zip(cmds, envs)
-    ]
-    lines: list[tuple[float, str]] = []
-
-    def read(p: subprocess.Popen) -> None:
-        for line in p.stdout:
-            lines.append((time.monotonic() - t0, line.rstrip("\n")))
-
-    readers = [threading.Thread(target=read, args=(p,)) for p in procs]
-    for t in readers:
-        t.start()
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - (time.monotonic() - t0)))
-        except subprocess.TimeoutExpired:
-            out.observed = f"did not end within {deadline:.0f} s; killed"
-    for p in procs:
-        if p.poll() is None:
-            _kill_group(p.pid)
-            p.wait()
-    for t in readers:
-        t.join()
-    out.wall_s = round(time.monotonic() - t0, 1)
-    out.exit_codes = [p.returncode for p in procs]
-    time.sleep(0.5)
-    out.leftovers = _leftovers(marker)
-    for pid in out.leftovers:
-        _kill(pid)
-    lines.sort(key=lambda x: x[0])
-    out.output_tail = "\n".join(line for _, line in lines)[-4000:]
-    return lines
-
-
-_TORCHRUN_VARS = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_ERROR_FILE",
-    FAULT_ENV,
-)
-
-
-def _error_files(logs: Path, attempt: int) -> dict[int, str]:
-    """Local rank -> the message of its torchrun error file, for one attempt."""
-    found = {}
-    for path in glob.glob(str(logs / "*" / f"attempt_{attempt}" / "*" / "error.json")):
-        try:
-            data = json.loads(Path(path).read_text())
-            found[int(Path(path).parent.name)] = data["message"]["message"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return found
-
-
-def _leftovers(marker: str) -> list[int]:
-    """Live processes whose environment carries `marker` (Linux `/proc`; elsewhere none seen)."""
-    needle = f"{_MARKER}={marker}".encode()
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            mine = needle in (entry / "environ").read_bytes().split(b"\0")
-            if mine and ") Z " not in (entry / "stat").read_text():
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _print(opts: FaultDrillOptions, outcomes: list[Outcome]) -> None:

@@ -1,9 +1,11 @@
-"""What a null-block drill tells a person: a table per stage, the verdict, a repro line, JSON.
+"""What a drill tells a person: a table per stage, the verdict, a repro line, JSON.
 
-Records come from the CP groups' leaders (`null_block._Era`), one per stage
-(`serve 1`, `warm-up`, `serve 2`) of each CP group at each world size; each
-holds its failures as lines of text, the checks that failed (SPEC.md section
-6's numbers, `WARMUP_CHECKS`' names) and a one-line summary.
+Records come from the CP groups' leaders (`era.Era`), one per stage
+(`serve 1`, `warm-up`, `serve 2` for `null-block`; `serve 1`, `serve 2` for
+`wake-up`, or one skipped `wake-up` record where the implementation lacks
+the feature) of each CP group at each world size; each holds its failures
+as lines of text, the checks that failed (SPEC.md section 6's numbers, the
+names of `WARMUP_CHECKS` or `WAKE_UP_CHECKS`) and a one-line summary.
 """
 
 from __future__ import annotations
@@ -29,11 +31,30 @@ WARMUP_CHECKS = {
 }
 """The drill's own checks, beyond SPEC.md section 6 (which also runs on the warm-up steps)."""
 
+WAKE_UP_CHECKS = {
+    "wake-up-runs": "init_block_table_layout_tensors(), the re-appends of the live rows and "
+    "apply_staged_writes() after a sleep raise nothing",
+    "rebuilt": "after init_block_table_layout_tensors(), no device tensor of the instance other "
+    "than section 3's buffers holds the sleep's garbage or a copy of it",
+    "stable-addresses": "the forward-pass tables and the slot mappings keep their addresses "
+    "across a sleep (CUDA graphs captured them)",
+}
+"""The wake-up drill's own checks, beyond SPEC.md section 6 (which runs on every step)."""
+
+DRILL_CHECKS = {"null-block": WARMUP_CHECKS, "wake-up": WAKE_UP_CHECKS}
+STAGES = ("serve 1", "warm-up", "wake-up", "serve 2")
+
+
+def finding(check: str, what: str, rank: int, group: int | None = None, **kw: str) -> dict:
+    """A drill check's finding on one rank: the check, what broke, where, expected and actual."""
+    return {"check": check, "what": what, "rank": rank, "group": group, **kw}
+
 
 def describe_finding(f: dict) -> str:
     """One line: the drill check, what broke, where, expected and actual."""
     where = f"rank {f['rank']}" + (f", group {f['group']}" if f.get("group") is not None else "")
-    text = f"{f['check']} ({WARMUP_CHECKS[f['check']]}): {f['what']} [{where}]"
+    checks = {**WARMUP_CHECKS, **WAKE_UP_CHECKS}
+    text = f"{f['check']} ({checks[f['check']]}): {f['what']} [{where}]"
     if f.get("expected") or f.get("actual"):
         text += f"; expected {f.get('expected', '')}, actual {f.get('actual', '')}"
     return text
@@ -51,21 +72,28 @@ class DrillReport:
                 opts.presets.index(r["preset"]) if r["preset"] in opts.presets else 0,
                 r["era"],
                 r["cp_group"],
-                ("serve 1", "warm-up", "serve 2").index(r["stage"]),
+                STAGES.index(r["stage"]),
             ),
         )
         self.ranks = sorted((g["info"] for g in gathered), key=lambda i: i["rank"])
 
+    @property
+    def drill(self) -> str:
+        return getattr(self.opts, "drill", "null-block")
+
     def passed(self) -> bool:
-        return bool(self.records) and not any(r["failures"] for r in self.records)
+        ran = [r for r in self.records if not r.get("skipped")]
+        return bool(ran) and not any(r["failures"] for r in self.records)
 
     def impl_verdicts(self) -> dict[str, dict]:
         out = {}
         for spec in self.opts.impls:
             mine = [r for r in self.records if r["impl"] == spec]
             bad = [r for r in mine if r["failures"]]
+            skipped = next((r["skipped"] for r in mine if r.get("skipped")), None)
             out[spec] = {
-                "passed": bool(mine) and not bad,
+                "passed": bool(mine) and not bad and skipped is None,
+                "skipped": skipped,
                 "failed_stage": bad[0]["stage"] if bad else None,
                 "failed_checks": sorted({c for r in bad for c in r["failed_checks"]}),
                 "first_failure": bad[0]["failures"][0] if bad else None,
@@ -78,7 +106,7 @@ class DrillReport:
             "-m",
             "cp_blocktables",
             "drill",
-            "null-block",
+            self.drill,
             "--world-size",
             str(self.world_size),
         ]
@@ -87,6 +115,8 @@ class DrillReport:
         for p in self.opts.presets:
             parts += ["--preset", p]
         parts += ["--seed", str(self.opts.seed)]
+        if self.drill == "wake-up" and getattr(self.opts, "cycles", 2) != 2:
+            parts += ["--cycles", str(self.opts.cycles)]
         for name in ("steps", "cp_size", "cp_interleave"):
             value = getattr(self.opts, name)
             if value is not None:
@@ -97,7 +127,7 @@ class DrillReport:
 
     def render(self) -> str:
         lines = [
-            f"cp-blocktables drill null-block: world sizes {' -> '.join(map(str, self.sizes))} "
+            f"cp-blocktables drill {self.drill}: world sizes {' -> '.join(map(str, self.sizes))} "
             f"({self.world_size} ranks launched"
             + (
                 f", torchrun attempt {os.environ.get('TORCHELASTIC_RESTART_COUNT')}"
@@ -118,7 +148,7 @@ class DrillReport:
             ranks = (
                 f"{r['ranks'][0]}-{r['ranks'][-1]}" if len(r["ranks"]) > 1 else str(r["ranks"][0])
             )
-            verdict = "FAIL" if r["failures"] else "ok"
+            verdict = "FAIL" if r["failures"] else "skipped" if r.get("skipped") else "ok"
             kept = (
                 " (state kept from the previous size)"
                 if r["kept_state"] and r["stage"] == "serve 1"
@@ -128,11 +158,16 @@ class DrillReport:
                 f"{r['preset']:<16} {r['size']:>4} {r['cp_group']:>6} {ranks:<8} {r['stage']:<8} "
                 f"{r['steps']:>5} {r['tokens']:>7}  {verdict}: {r['summary']}{kept}"
             )
-        lines += ["", "warm-up checks, on every rank of every CP group at every size:"]
-        lines += [f"  {name}: {text}" for name, text in WARMUP_CHECKS.items()]
-        lines += [
-            "  and SPEC.md section 6's checks on every warm-up step (ids 0, slots in block 0)"
-        ]
+        if self.drill == "wake-up":
+            lines += ["", "wake-up checks, on every rank of every CP group at every sleep:"]
+            lines += [f"  {name}: {text}" for name, text in WAKE_UP_CHECKS.items()]
+            lines += ["  and SPEC.md section 6's checks on every step before and after a sleep"]
+        else:
+            lines += ["", "warm-up checks, on every rank of every CP group at every size:"]
+            lines += [f"  {name}: {text}" for name, text in WARMUP_CHECKS.items()]
+            lines += [
+                "  and SPEC.md section 6's checks on every warm-up step (ids 0, slots in block 0)"
+            ]
         lines += [
             "",
             "per rank: "
@@ -144,6 +179,22 @@ class DrillReport:
         return "\n".join(lines + [""] + self.verdict_lines()) + "\n"
 
     def verdict_lines(self) -> list[str]:
+        skips = [
+            f"SKIP: implementation {spec}: drill {self.drill} {v['skipped']}"
+            for spec, v in self.impl_verdicts().items()
+            if v["skipped"]
+        ]
+        return skips + self._pass_fail_lines()
+
+    def _pass_fail_lines(self) -> list[str]:
+        if self.passed() and self.drill == "wake-up":
+            ran = [r for r in self.records if not r.get("skipped")]
+            groups = len({(r["impl"], r["preset"], r["era"], r["cp_group"]) for r in ran})
+            return [
+                f"PASS: {len(ran)} stages in {groups} CP-group runs at world sizes "
+                f"{', '.join(map(str, self.sizes))}: after every sleep the wake-up rebuilt "
+                f"every derived tensor, and every check held before and after it"
+            ]
         if self.passed():
             groups = len({(r["impl"], r["preset"], r["era"], r["cp_group"]) for r in self.records})
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -155,6 +206,8 @@ class DrillReport:
             ]
         lines = []
         for spec, v in self.impl_verdicts().items():
+            if v["skipped"] and not v["failed_stage"]:
+                continue
             if not v["passed"]:
                 bad = next(r for r in self.records if r["impl"] == spec and r["failures"])
                 lines += [
@@ -165,7 +218,7 @@ class DrillReport:
                 ]
             elif v["first_failure"] is None and not any(r["impl"] == spec for r in self.records):
                 lines.append(f"FAIL: implementation {spec}: no stage ran")
-        return lines or ["FAIL: no stage ran"]
+        return lines or ["FAIL: no stage ran" + (" (every one skipped)" if self.records else "")]
 
     def as_dict(self) -> dict:
         return {
@@ -175,6 +228,8 @@ class DrillReport:
             "backend": self.backend,
             "options": vars(self.opts),
             "checks": CHECKS,
+            "drill": self.drill,
+            "drill_checks": DRILL_CHECKS[self.drill],
             "warmup_checks": WARMUP_CHECKS,
             "implementations": self.impl_verdicts(),
             "records": self.records,

@@ -10,7 +10,10 @@ keeps a small model of an engine's state:
   slot mappings the implementation under test produced. Every slot gets a
   value (`kv_tag`) that names the rank, the request and the position that
   wrote it, so a damaged block says who damaged it.
-- `ServingState`: the implementation instance, its pool and its caches.
+- `ServingState`: the implementation instance, its pool and its caches, and
+  the block ids each row was given since its last `overwrite=True` append
+  (from the workload, never read back from the implementation): what a
+  wake-up after sleep re-appends.
 
 Block ids: the harness's workload gives group `g` the ids
 `[base + g * pool, base + (g + 1) * pool)` (`base` = the preset's
@@ -227,6 +230,25 @@ class ServingState:
         ]
         self.writes = 0
         self.writes_outside = 0
+        self._row_ids: dict[int, tuple[int, list[list[int]]]] = {}  # row -> (uid, ids per group)
+
+    def note_append(self, uid: int, row: int, block_ids, overwrite: bool) -> None:
+        """Record a serving request's append (as given: a real step is never redirected)."""
+        held = self._row_ids.get(row)
+        if overwrite or held is None or held[0] != uid:
+            held = (uid, [[] for _ in self.caches])
+            self._row_ids[row] = held
+        for g, ids in enumerate(block_ids):
+            held[1][g].extend(int(b) for b in ids)
+
+    def live_rows(self) -> list[tuple[int, int, list[list[int]]]]:
+        """`(row, uid, ids per group)` of every serving request that holds blocks, by row."""
+        out = []
+        for row, uid in sorted(self.pool.serving().items()):
+            held = self._row_ids.get(row)
+            if held is not None and held[0] == uid:
+                out.append((row, uid, [list(ids) for ids in held[1]]))
+        return out
 
     def kv_tensors(self) -> list[torch.Tensor]:
         """Each group's cache tensor, block 0 first: what a warm-up zeroes."""

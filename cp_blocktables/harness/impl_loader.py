@@ -3,8 +3,11 @@
 `MODULE` is a dotted module name, imported with the current directory on
 `sys.path` (as `python -m` does, so `tests.wrong_impls.catalogue:WrongOwner`
 works from the repository root in every rank), or a path to a `.py` file.
-`ATTR` may be dotted (`pkg.mod:Outer.Inner`). Anything that does not resolve
-to a class raises `ImplSpecError` with a message a person can act on.
+`ATTR` may be dotted (`pkg.mod:Outer.Inner`). It names a class or any other
+callable (a factory, e.g. an adapter around an engine's own class, see
+docs/adapter.md) that takes SPEC.md section 3's arguments and returns the
+object to test; what it accepts is read from its signature (`features`).
+Anything else raises `ImplSpecError` with a message a person can act on.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 
 DEFAULT_IMPL = "cp_blocktables:BlockTables"
 
@@ -21,8 +25,8 @@ class ImplSpecError(ValueError):
     """The `--impl` spec names nothing importable or nothing usable."""
 
 
-def load_impl(spec: str) -> type:
-    """The class named by `spec`; raises `ImplSpecError` naming what went wrong."""
+def load_impl(spec: str) -> Callable[..., object]:
+    """The class or factory named by `spec`; raises `ImplSpecError` naming what went wrong."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise ImplSpecError(f"--impl {spec!r}: expected MODULE:ATTR, e.g. {DEFAULT_IMPL}")
@@ -35,10 +39,10 @@ def load_impl(spec: str) -> type:
             raise ImplSpecError(
                 f"--impl {spec!r}: module {module_name!r} has no attribute {attr!r}"
             ) from None
-    if not isinstance(obj, type):
+    if not callable(obj):
         raise ImplSpecError(
-            f"--impl {spec!r}: {attr!r} is a {type(obj).__name__}, not a class "
-            f"with the BlockTables constructor"
+            f"--impl {spec!r}: {attr!r} is a {type(obj).__name__}, not a class or factory "
+            f"taking the BlockTables constructor's arguments"
         )
     return obj
 

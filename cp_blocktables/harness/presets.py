@@ -47,18 +47,50 @@ CORNERS = (
     "warmup_redirect",
     "positions_tail_garbage",
     "request_finished",
+    # Size regimes and argument paths an implementation may branch on (docs/harness.md).
+    "giant_request_step",
+    "giant_shrink",
+    "wide_row",
+    "full_batch",
+    "writes_past_max_reqs",
+    "two_appends_one_row",
+    "append_then_overwrite",
+    "gather_out",
+    "gather_out_ptrs",
+    "slot_out",
+    "nct_present",
+    "nct_absent",
+    "profiling_writes",
+    "profiled_rows_reclaimed",
+    "overflow_refused",
+    "fused_read",
+    "zero_groups",
+    "one_group",
+    "many_groups",
+    "kernel_blocks",
+    "kernel_blocks_mixed",
+    "interleave_eq_kernel",
 )
 """Every corner the workload generator counts (SPEC.md section 6's list, spelled out)."""
 
 
 @dataclass(frozen=True)
 class GroupSpec:
-    """One KV-cache group: block size, DCP sharding, slot mapping on/off, sliding window."""
+    """One KV-cache group: block size, DCP sharding, slot mapping on/off, sliding window.
+
+    `kernel_block_size` (SPEC.md 8.1): the attention kernel's block, dividing
+    `block_size`; 0 means equal to it (the constructor keyword is then omitted).
+    """
 
     block_size: int
     sharded: bool = True
     enabled: bool = True
     window: int = 0
+    kernel_block_size: int = 0
+
+    @property
+    def kernel(self) -> int:
+        return self.kernel_block_size or self.block_size
 
 
 @dataclass(frozen=True)
@@ -92,6 +124,14 @@ class Preset:
     dummy_run_prob: float = 0.08
     warmup_steps: int = 0
     fill_batches: bool = False
+    giant_prefill: int = 0
+    multi_write_prob: float = 0.25
+    overflow_prob: float = 0.04
+    out_prob: float = 0.2
+    nct_prob: float = 0.75
+    profile_prob: float = 0.7
+    fused_read_prob: float = 0.25
+    integrity_checks: bool = False
     corners: frozenset[str] = frozenset()
 
     def with_overrides(self, cp_size: int | None = None, num_steps: int | None = None) -> Preset:
@@ -107,6 +147,35 @@ class Preset:
     def block_sizes(self) -> list[int]:
         return [g.block_size for g in self.groups]
 
+    @property
+    def kernel_block_sizes(self) -> list[int]:
+        return [g.kernel for g in self.groups]
+
+    def kernel_factor(self, g: int) -> int:
+        """`m`: kernel blocks per allocator block of group `g`."""
+        return self.groups[g].block_size // self.groups[g].kernel
+
+    def constructor_needs(self) -> dict[str, str]:
+        """Constructor keywords this preset sets to something other than their default.
+
+        An implementation that does not accept one of them cannot run the preset
+        (SPEC.md section 8: reported as not supported, never as a pass).
+        """
+        needs = {}
+        if self.cp_size > 1:
+            needs["cp_size"] = needs["cp_rank"] = f"cp_size {self.cp_size}"
+        if self.cp_interleave != 1:
+            needs["cp_interleave"] = f"cp_interleave {self.cp_interleave}"
+        if not all(g.enabled for g in self.groups):
+            needs["slot_mapping_enabled"] = "a group with slot mapping disabled"
+        if self.cp_size > 1 and not all(g.sharded for g in self.groups):
+            needs["dcp_sharded"] = "an unsharded group under CP"
+        if any(g.window for g in self.groups):
+            needs["sliding_window_reach"] = "a sliding window"
+        if any(g.kernel != g.block_size for g in self.groups):
+            needs["kernel_block_sizes"] = "kernel block sizes (SPEC.md 8.1)"
+        return needs
+
     def group_cp_size(self, g: int) -> int:
         return self.cp_size if self.groups[g].sharded else 1
 
@@ -118,7 +187,7 @@ class Preset:
 
     def block_pool_size(self) -> int:
         """Block ids per group: enough that allocation never runs dry."""
-        return self.max_num_reqs * max(self.max_num_blocks_per_group()) + 64
+        return self.max_num_reqs * max(self.max_num_blocks_per_group(), default=0) + 64
 
     def config(self, cp_rank: int = 0) -> BlockTablesConfig:
         """The validated constructor arguments of rank `cp_rank` (raises `ValueError`)."""
@@ -133,6 +202,7 @@ class Preset:
             slot_mapping_enabled=[g.enabled for g in self.groups],
             dcp_sharded=[g.sharded for g in self.groups],
             sliding_window_reach=[g.window for g in self.groups],
+            kernel_block_sizes=self.kernel_block_sizes,
         )
 
     def validate(self) -> None:
@@ -146,11 +216,20 @@ class Preset:
                 f"preset {self.name}: prompt + decode + speculative tokens "
                 f"({longest}) exceed max_model_len={self.max_model_len}"
             )
-        end = self.block_id_base + len(self.groups) * self.block_pool_size()
+        m = max((self.kernel_factor(g) for g in range(len(self.groups))), default=1)
+        end = (self.block_id_base + len(self.groups) * self.block_pool_size()) * m
+        if self.giant_prefill and (
+            self.giant_prefill > min(self.max_prefill_chunk, self.max_num_batched_tokens - 16)
+            or self.giant_prefill + self.max_decode_len + self.spec_tokens + 1 > self.max_model_len
+        ):
+            raise ValueError(
+                f"preset {self.name}: giant_prefill {self.giant_prefill} must fit one chunk, "
+                f"one step and max_model_len"
+            )
         if self.block_id_base < 1 or end > INT32_MAX:
             raise ValueError(
                 f"preset {self.name}: block ids [{self.block_id_base}, {end}) "
-                f"must lie in [1, {INT32_MAX}]"
+                f"(in kernel blocks) must lie in [1, {INT32_MAX}]"
             )
         unknown = self.corners - set(CORNERS)
         if unknown:
@@ -180,6 +259,16 @@ _COMMON = frozenset(
         "dummy_run",
         "positions_tail_garbage",
         "request_finished",
+        "two_appends_one_row",
+        "append_then_overwrite",
+        "gather_out",
+        "gather_out_ptrs",
+        "slot_out",
+        "nct_present",
+        "nct_absent",
+        "profiling_writes",
+        "overflow_refused",
+        "fused_read",
     }
 )
 
@@ -205,7 +294,7 @@ _register(
         ),
         cp_size=4,
         cp_interleave=2,
-        num_steps=42,
+        num_steps=24,
         max_num_reqs=24,
         max_num_batched_tokens=384,
         max_model_len=1536,
@@ -216,6 +305,7 @@ _register(
         spec_tokens=3,
         warmup_steps=1,
         corners=_COMMON
+        | {"profiled_rows_reclaimed"}
         | {
             "interleave_between",
             "mixed_groups",
@@ -241,7 +331,7 @@ _register(
         ),
         cp_size=1,
         cp_interleave=1,
-        num_steps=38,
+        num_steps=22,
         max_num_reqs=16,
         max_num_batched_tokens=256,
         max_model_len=1024,
@@ -253,6 +343,7 @@ _register(
         block_id_base=2**27 + 3,
         warmup_steps=1,
         corners=_COMMON
+        | {"profiled_rows_reclaimed"}
         | {
             "several_block_sizes",
             "spec_decode",
@@ -277,7 +368,7 @@ _register(
         ),
         cp_size=2,
         cp_interleave=1,
-        num_steps=44,
+        num_steps=24,
         max_num_reqs=16,
         max_num_batched_tokens=256,
         max_model_len=1024,
@@ -287,6 +378,7 @@ _register(
         max_decode_len=40,
         spec_tokens=2,
         corners=_COMMON
+        | {"profiled_rows_reclaimed"}
         | {"interleave_1", "mixed_groups", "several_block_sizes", "spec_decode", "spec_rejected"},
     )
 )
@@ -299,7 +391,7 @@ _register(
         groups=(GroupSpec(8), GroupSpec(32), GroupSpec(16, sharded=False)),
         cp_size=4,
         cp_interleave=8,
-        num_steps=40,
+        num_steps=22,
         max_num_reqs=16,
         max_num_batched_tokens=256,
         max_model_len=1536,
@@ -326,7 +418,7 @@ _register(
         groups=(GroupSpec(16), GroupSpec(64), GroupSpec(16, sharded=False, enabled=False)),
         cp_size=8,
         cp_interleave=2,
-        num_steps=36,
+        num_steps=25,
         max_num_reqs=16,
         max_num_batched_tokens=256,
         max_model_len=2048,
@@ -338,6 +430,190 @@ _register(
         block_id_base=2**31 - 2**20,
         corners=_COMMON
         | {"interleave_between", "several_block_sizes", "slot_past_2_31", "spec_decode"},
+    )
+)
+
+_register(
+    Preset(
+        name="large-steps",
+        description="cp 4: a request of 8,400 tokens in one step, then a step 8,192+ tokens "
+        "smaller; rows of 2,100+ blocks; batches of exactly max_num_reqs requests; one apply "
+        "with more writes than max_num_reqs",
+        groups=(GroupSpec(16), GroupSpec(4, sharded=False), GroupSpec(32, enabled=False)),
+        cp_size=4,
+        cp_interleave=4,
+        num_steps=8,
+        max_num_reqs=6,
+        max_num_batched_tokens=9216,
+        max_model_len=10240,
+        max_batch_reqs=6,
+        max_prefill_chunk=8400,
+        max_prompt_len=400,
+        max_decode_len=40,
+        spec_tokens=2,
+        giant_prefill=8400,
+        fill_batches=True,
+        corners=frozenset(
+            {
+                "giant_request_step",
+                "giant_shrink",
+                "wide_row",
+                "full_batch",
+                "writes_past_max_reqs",
+                "two_appends_one_row",
+                "decode",
+                "smaller_step",
+                "mixed_groups",
+                "interleave_between",
+            }
+        ),
+    )
+)
+
+_KERNEL = frozenset({"kernel_blocks", "kernel_blocks_mixed", "warmup_redirect"})
+
+_register(
+    Preset(
+        name="kbs-cp1",
+        description="cp 1, kernel block sizes (SPEC.md 8.1): ratios 4, 1, 4 and 2 side by side, "
+        "a window masked per kernel block, slots past 2**31",
+        groups=(
+            GroupSpec(64, kernel_block_size=16),
+            GroupSpec(32),
+            GroupSpec(32, window=40, kernel_block_size=8),
+            GroupSpec(16, enabled=False, kernel_block_size=8),
+        ),
+        cp_size=1,
+        cp_interleave=1,
+        num_steps=21,
+        max_num_reqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=1024,
+        max_batch_reqs=8,
+        max_prefill_chunk=128,
+        max_prompt_len=600,
+        max_decode_len=40,
+        spec_tokens=2,
+        block_id_base=2**27 + 5,
+        warmup_steps=1,
+        corners=_COMMON
+        | _KERNEL
+        | {"several_block_sizes", "slot_past_2_31", "window_boundary", "window_freed_reused"},
+    )
+)
+
+_register(
+    Preset(
+        name="kbs-cp4",
+        description="cp 4, interleave 4 = one group's kernel block: kernel block sizes on "
+        "sharded and unsharded groups, ratios 4, 4, 1 and 2",
+        groups=(
+            GroupSpec(16, kernel_block_size=4),
+            GroupSpec(32, kernel_block_size=8),
+            GroupSpec(16, sharded=False),
+            GroupSpec(64, sharded=False, kernel_block_size=32),
+        ),
+        cp_size=4,
+        cp_interleave=4,
+        num_steps=21,
+        max_num_reqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=1536,
+        max_batch_reqs=8,
+        max_prefill_chunk=128,
+        max_prompt_len=900,
+        max_decode_len=40,
+        spec_tokens=3,
+        warmup_steps=1,
+        corners=_COMMON | _KERNEL | {"interleave_eq_kernel", "interleave_between"},
+    )
+)
+
+_register(
+    Preset(
+        name="groups-0",
+        description="cp 2, no KV-cache group at all: every method still works",
+        groups=(),
+        cp_size=2,
+        cp_interleave=1,
+        num_steps=6,
+        max_num_reqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+        max_batch_reqs=4,
+        max_prefill_chunk=32,
+        max_prompt_len=100,
+        max_decode_len=10,
+        prefix_prob=0.0,
+        corners=frozenset({"zero_groups", "dummy_run"}),
+    )
+)
+
+_register(
+    Preset(
+        name="groups-1",
+        description="cp 2, one group: the single-table apply path (no fused writer)",
+        groups=(GroupSpec(16),),
+        cp_size=2,
+        cp_interleave=2,
+        num_steps=18,
+        max_num_reqs=4,
+        max_num_batched_tokens=256,
+        max_model_len=1024,
+        max_batch_reqs=4,
+        max_prefill_chunk=64,
+        max_prompt_len=500,
+        max_decode_len=20,
+        spec_tokens=1,
+        corners=frozenset(
+            {
+                "one_group",
+                "writes_past_max_reqs",
+                "two_appends_one_row",
+                "overflow_refused",
+                "full_batch",
+                "gather_out",
+                "slot_out",
+                "profiling_writes",
+                "request_finished",
+            }
+        ),
+    )
+)
+
+_register(
+    Preset(
+        name="groups-6",
+        description="cp 1, six groups: block sizes 4 to 128, two windows of other reaches",
+        groups=(
+            GroupSpec(16),
+            GroupSpec(32, window=64),
+            GroupSpec(8),
+            GroupSpec(128),
+            GroupSpec(16, enabled=False),
+            GroupSpec(4, window=10),
+        ),
+        cp_size=1,
+        cp_interleave=1,
+        num_steps=16,
+        max_num_reqs=4,
+        max_num_batched_tokens=128,
+        max_model_len=768,
+        max_batch_reqs=4,
+        max_prefill_chunk=64,
+        max_prompt_len=400,
+        max_decode_len=20,
+        corners=frozenset(
+            {
+                "many_groups",
+                "writes_past_max_reqs",
+                "append_then_overwrite",
+                "overflow_refused",
+                "window_boundary",
+                "nct_absent",
+                "profiling_writes",
+            }
+        ),
     )
 )
 
@@ -376,7 +652,19 @@ _register(
     )
 )
 
-SWEEP: tuple[str, ...] = ("cp1-window", "cp2-i1", "default", "cp4-interleave", "cp8-large-ids")
+SWEEP: tuple[str, ...] = (
+    "cp1-window",
+    "cp2-i1",
+    "default",
+    "cp4-interleave",
+    "cp8-large-ids",
+    "large-steps",
+    "kbs-cp1",
+    "kbs-cp4",
+    "groups-0",
+    "groups-1",
+    "groups-6",
+)
 """The default sweep: cp_size 1, 2, 4 and 8, interleave 1 to block size, every corner."""
 
 ALIASES: dict[str, tuple[str, ...]] = {"sweep": SWEEP, "all": tuple(PRESETS)}

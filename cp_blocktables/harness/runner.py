@@ -25,14 +25,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from . import checks, presets, report
 from .checks import GroupChecker, Violation
 from .dist import Comm, PeerError, RankEnv, arm_watchdog, choose_backend, disarm_watchdog
+from .executor import _Executor
+from .features import UNSUPPORTED, Accepts, constructor_kwargs, inspect_factory, missing_methods
 from .impl_loader import ImplSpecError, load_impl
-from .workload import Step, Workload, generate
+from .workload import Workload, generate
 
 HARNESS_VERSION = "1"
 
@@ -59,6 +60,7 @@ class VerifyOptions:
     world_size: int = 4
     spawned: bool = False
     skipped: list[str] = field(default_factory=list)
+    unsupported: list[dict] = field(default_factory=list)
 
     def agreement_fields(self) -> dict:
         return {
@@ -96,191 +98,6 @@ def plan(opts: VerifyOptions, world_size: int) -> tuple[list[presets.Preset], li
     return chosen, skipped
 
 
-# ---------------------------------------------------------------- one step on one rank
-
-
-class _Executor:
-    """Drives one implementation instance through steps; checks what one rank can see."""
-
-    def __init__(self, impl: object, preset: presets.Preset, device: torch.device) -> None:
-        self.impl = impl
-        self.device = device
-        cfg = preset.config(0)
-        self.num_groups = cfg.num_kv_cache_groups
-        self.widths = cfg.max_num_blocks_per_group
-        self.max_reqs = cfg.max_num_reqs
-        self.max_tokens = cfg.max_num_batched_tokens
-        self.num_blocks = np.zeros((self.num_groups, self.max_reqs), dtype=np.int64)
-        self.size = self.num_groups * self.max_tokens + self.max_reqs * sum(self.widths)
-
-    def check_buffers(self) -> list[Violation]:
-        """The persistent buffers' shapes: everything else relies on them."""
-        impl, found = self.impl, []
-        shape = tuple(getattr(impl.slot_mappings, "shape", ()))
-        if shape != (self.num_groups, self.max_tokens):
-            found.append(
-                Violation(
-                    3,
-                    "slot_mappings has the wrong shape",
-                    -1,
-                    expected=str((self.num_groups, self.max_tokens)),
-                    actual=str(shape),
-                )
-            )
-        tables = list(impl.input_block_tables)
-        for g in range(self.num_groups):
-            shape = tuple(tables[g].shape) if g < len(tables) else None
-            if shape != (self.max_reqs, self.widths[g]):
-                found.append(
-                    Violation(
-                        6,
-                        "input_block_tables has the wrong shape",
-                        -1,
-                        g,
-                        expected=str((self.max_reqs, self.widths[g])),
-                        actual=str(shape),
-                    )
-                )
-        return found
-
-    def run(self, step: Step) -> tuple[torch.Tensor, list[Violation], str]:
-        """Execute `step`; returns (persistent outputs flattened `[size]`, findings, digest)."""
-        found = self._dummy(step) if step.kind == "dummy" else self._real(step)
-        return self._bulk(), found, self._digest(step)
-
-    def _real(self, step: Step) -> list[Violation]:
-        impl, dev = self.impl, self.device
-        if step.kind == "warmup":
-            impl.redirect_writes_to_null_block = True
-        try:
-            for a in step.appends:
-                impl.append_block_ids(a.row, tuple(list(ids) for ids in a.block_ids), a.overwrite)
-                self._count(a.row, a.block_ids, a.overwrite)
-        finally:
-            if step.kind == "warmup":
-                impl.redirect_writes_to_null_block = False
-        impl.apply_staged_writes()
-        idx = torch.from_numpy(step.idx_mapping).to(dev)
-        nct = (
-            None
-            if step.num_computed_tokens is None
-            else torch.from_numpy(step.num_computed_tokens).to(dev)
-        )
-        tables = impl.gather_block_tables(idx, step.num_reqs_padded, num_computed_tokens=nct)
-        qsl = torch.from_numpy(step.query_start_loc).to(dev)
-        pos = torch.from_numpy(step.positions).to(dev)
-        slots = impl.compute_slot_mappings(idx, qsl, pos, step.num_tokens_padded)
-        return self._check_views(
-            step.index, tables, step.num_reqs_padded, False
-        ) + self._check_slot_view(step.index, slots, step.num_tokens_padded, False)
-
-    def _dummy(self, step: Step) -> list[Violation]:
-        tables = self.impl.get_dummy_block_tables(step.dummy_num_reqs)
-        slots = self.impl.get_dummy_slot_mappings(step.dummy_num_tokens)
-        return self._check_views(
-            step.index, tables, step.dummy_num_reqs, True
-        ) + self._check_slot_view(step.index, slots, step.dummy_num_tokens, True)
-
-    def _count(self, row: int, ids: tuple, overwrite: bool) -> None:
-        for g, x in enumerate(ids):
-            self.num_blocks[g, row] = (0 if overwrite else self.num_blocks[g, row]) + len(x)
-
-    def _check_views(self, s: int, tables: object, rows: int, same_ptr: bool) -> list[Violation]:
-        persistent = self.impl.input_block_tables
-        tables = list(tables)
-        if len(tables) != self.num_groups:
-            return [Violation(6, f"returned {len(tables)} tables for {self.num_groups} groups", s)]
-        found = []
-        for g, t in enumerate(tables):
-            if tuple(t.shape) != (rows, self.widths[g]):
-                found.append(
-                    Violation(
-                        6,
-                        "returned table has the wrong shape",
-                        s,
-                        g,
-                        expected=str((rows, self.widths[g])),
-                        actual=str(tuple(t.shape)),
-                    )
-                )
-            elif same_ptr and t.data_ptr() != persistent[g].data_ptr():
-                found.append(
-                    Violation(
-                        6,
-                        "get_dummy_block_tables returned a tensor that is not "
-                        "a view of input_block_tables",
-                        s,
-                        g,
-                    )
-                )
-            elif not torch.equal(t.to(torch.int64), persistent[g][:rows].to(torch.int64)):
-                found.append(
-                    Violation(6, f"returned table differs from input_block_tables[:{rows}]", s, g)
-                )
-        return found
-
-    def _check_slot_view(
-        self, s: int, slots: torch.Tensor, n: int, same_ptr: bool
-    ) -> list[Violation]:
-        buf = self.impl.slot_mappings
-        if tuple(slots.shape) != (self.num_groups, n):
-            return [
-                Violation(
-                    3,
-                    "returned slot mapping has the wrong shape",
-                    s,
-                    expected=str((self.num_groups, n)),
-                    actual=str(tuple(slots.shape)),
-                )
-            ]
-        if same_ptr and slots.data_ptr() != buf.data_ptr():
-            return [
-                Violation(
-                    3,
-                    "get_dummy_slot_mappings returned a tensor that is not a view of slot_mappings",
-                    s,
-                )
-            ]
-        if not torch.equal(slots.to(torch.int64), buf[:, :n].to(torch.int64)):
-            return [Violation(3, f"returned slot mapping differs from slot_mappings[:, :{n}]", s)]
-        return []
-
-    def _bulk(self) -> torch.Tensor:
-        impl = self.impl
-        parts = [impl.slot_mappings.reshape(-1).to(torch.int64)]
-        parts += [t.reshape(-1).to(torch.int64) for t in impl.input_block_tables]
-        return torch.cat(parts)
-
-    def empty_bulk(self) -> torch.Tensor:
-        return torch.full((self.size,), -1, dtype=torch.int64, device=self.device)
-
-    def _digest(self, step: Step) -> str:
-        """Hash of the gathered tables' defined part (entries past a row's blocks excluded)."""
-        h = hashlib.sha256()
-        rows = step.dummy_num_reqs if step.kind == "dummy" else step.num_reqs_padded
-        for g, t in enumerate(self.impl.input_block_tables):
-            a = t[:rows].cpu().numpy().astype(np.int64)
-            if step.kind != "dummy":
-                for b, r in enumerate(step.idx_mapping.tolist()):
-                    if r >= 0:
-                        a[b, self.num_blocks[g, r] :] = 0
-            h.update(a.tobytes())
-        return h.hexdigest()[:16]
-
-    def split(self, parts: list[torch.Tensor]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Leader side: slots `[cp, groups, max_tokens]`, per group tables `[cp, rows, width]`."""
-        flat = torch.stack(parts).cpu().numpy()
-        n = self.num_groups * self.max_tokens
-        slots = flat[:, :n].reshape(len(parts), self.num_groups, self.max_tokens)
-        tables, at = [], n
-        for w in self.widths:
-            tables.append(
-                flat[:, at : at + self.max_reqs * w].reshape(len(parts), self.max_reqs, w)
-            )
-            at += self.max_reqs * w
-        return slots, tables
-
-
 # ---------------------------------------------------------------- one preset on one rank
 
 
@@ -298,13 +115,15 @@ class _PresetRun:
         comm: Comm,
         opts: VerifyOptions,
         impl_spec: str,
-        impl_cls: type,
+        impl_cls: object,
         preset: presets.Preset,
         progress: report.Progress | None,
         totals: _RankTotals,
     ) -> None:
         self.comm, self.opts, self.preset = comm, opts, preset
         self.impl_spec, self.impl_cls = impl_spec, impl_cls
+        self.accepts: Accepts = inspect_factory(impl_cls)
+        self.unsupported: list[str] = []
         self.progress, self.totals = progress, totals
         c = preset.cp_size
         self.tgroup, self.ogroup, self.ranks = comm.cp_group(c)
@@ -317,6 +136,7 @@ class _PresetRun:
     def run(self) -> dict | None:
         t0 = time.monotonic()
         workload = generate(self.preset, self.seed)
+        self.workload_steps = workload.steps
         impl, executor, found = self._build()
         checker = GroupChecker(self.preset, workload) if self.is_leader else None
         metas = self.comm.all_gather_object(
@@ -345,6 +165,9 @@ class _PresetRun:
 
     def _build(self) -> tuple[object, _Executor | None, list[Violation]]:
         cfg = self.preset.config(self.cp_rank)
+        kwargs = constructor_kwargs(self.preset, self.cp_rank, self.accepts)
+        if self.preset.integrity_checks and "integrity_checks" not in kwargs:
+            self.unsupported.append(f"integrity_checks (SPEC.md 8.3): {UNSUPPORTED}")
         try:
             impl = self.impl_cls(
                 cfg.block_sizes,
@@ -352,17 +175,14 @@ class _PresetRun:
                 cfg.max_num_batched_tokens,
                 cfg.max_num_blocks_per_group,
                 self.comm.device,
-                cp_size=cfg.cp_size,
-                cp_rank=cfg.cp_rank,
-                cp_interleave=cfg.cp_interleave,
-                slot_mapping_enabled=cfg.slot_mapping_enabled,
-                dcp_sharded=cfg.dcp_sharded,
-                sliding_window_reach=cfg.sliding_window_reach,
+                **kwargs,
             )
             executor = _Executor(impl, self.preset, self.comm.device)
             found = executor.check_buffers()
         except Exception as e:  # noqa: BLE001 - whatever the implementation raises is a finding
             return None, None, [self._error(-1, "constructor", e)]
+        if any(s.fused_read for s in self.workload_steps):
+            self.unsupported += [f"{m}: {UNSUPPORTED}" for m in missing_methods(impl)]
         for v in found:
             v.rank = self.cp_rank
         return impl, (None if found else executor), found
@@ -416,9 +236,10 @@ class _PresetRun:
             self.totals.steps += 1
             self.totals.tokens += step.num_tokens if step.kind == "real" else 0
             if checker is not None:
-                slots, tables = executor.split(parts)
+                (slots, tables), aux = executor.split_all(parts)
                 local = [Violation(**v) for m in metas for v in m["found"]]
-                checker.check_step(step, slots, tables, local, [m["digest"] for m in metas])
+                digests = [m["digest"] for m in metas]
+                checker.check_step(step, slots, tables, local, digests, aux)
             if self.progress is not None:
                 self.progress.advance(1, f"{self.preset.name} step {step.index}")
             if any(m["error"] for m in metas) or (metas[0]["failed"] and not self.opts.keep_going):
@@ -466,6 +287,7 @@ class _PresetRun:
             "promised": sorted(p.corners),
             "missing_corners": workload.missing_corners(),
             "coverage_enforced": enforced,
+            "unsupported": self.unsupported,
             "stats": checker.stat_rows(self.ranks),
             "violation_counts": {str(k): v for k, v in sorted(checker.counts.items())},
             "violations": [v.as_dict() for v in checker.violations],
@@ -526,7 +348,17 @@ def _run(comm: Comm, opts: VerifyOptions, t0: float) -> int:
     totals = _RankTotals()
     results = []
     for spec, cls in loaded:
+        accepts = inspect_factory(cls)
         for i, p in enumerate(chosen):
+            missing = accepts.missing(p)
+            if missing:
+                needs = "; ".join(f"{k} for {why}" for k, why in missing.items())
+                opts.unsupported.append(
+                    {"impl": spec, "preset": p.name, "what": f"{UNSUPPORTED} (needs {needs})"}
+                )
+                if progress is not None:
+                    progress.advance(p.num_steps)
+                continue
             result = _PresetRun(comm, opts, spec, cls, p, progress, totals).run()
             results.append(result)
             if opts.fail_fast and _any_failed(comm, result, p.name):

@@ -19,48 +19,22 @@ Every corner of SPEC.md section 6 that a step reaches is counted in
 
 from __future__ import annotations
 
-import hashlib
-import math
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .presets import CORNERS, Preset
+from .lifecycle import (  # noqa: F401 - Append, Finished, Release are re-exported
+    Append,
+    Finished,
+    Release,
+    _LifeCycle,
+    _Request,
+    _Writes,
+)
+from .presets import Preset
 
 _GARBAGE = 2**40
 """Upper bound of the junk written where the contract says a value is never read."""
-
-
-@dataclass(frozen=True)
-class Append:
-    """One `append_block_ids` call: `block_ids[g]` for every group."""
-
-    uid: int
-    row: int
-    block_ids: tuple[tuple[int, ...], ...]
-    overwrite: bool
-
-
-@dataclass(frozen=True)
-class Release:
-    """Blocks of group `group` that request `uid` gave back before this step's appends."""
-
-    uid: int
-    group: int
-    block_ids: tuple[int, ...]
-    columns: tuple[int, ...]
-    reason: str  # "finished" or "window"
-
-
-@dataclass(frozen=True)
-class Finished:
-    """A request whose KV cache is read back: `seq_len` positions, table row `row`."""
-
-    uid: int
-    row: int
-    seq_len: int
-    prefix_len: int
 
 
 @dataclass
@@ -72,7 +46,15 @@ class Step:
     Arrays: `idx_mapping` int32 `[num_reqs]` (row or -1), `uids` int64
     `[num_reqs]` (-1 for dummies), `query_start_loc` int32 `[num_reqs + 1]`,
     `positions` int64 `[>= num_tokens_padded]`, `num_computed_tokens` int32
-    `[max_num_reqs]` by row, or None when no group has a window configured.
+    `[max_num_reqs]` by row when the gather is given it, else None
+    (`nct_rows` holds the values either way).
+
+    Argument paths: `gather_out` 0 (persistent tables), 1 (caller-owned
+    `out`), 2 (`out` and `out_ptrs`); `slot_out` (caller-owned `out` for the
+    slot mappings); `fused_read` (`gather_and_compute_slot_mappings` where the
+    implementation has it). A dummy step with `profile` writes block ids and
+    slots (from `profile_seed`) into the views it was handed, as a profiling
+    run does, before the next real step.
     """
 
     index: int
@@ -90,6 +72,12 @@ class Step:
     finished: list[Finished] = field(default_factory=list)
     dummy_num_reqs: int = 0
     dummy_num_tokens: int = 0
+    nct_rows: np.ndarray | None = None
+    gather_out: int = 0
+    slot_out: bool = False
+    fused_read: bool = False
+    profile: bool = False
+    profile_seed: int = 0
 
     @property
     def num_reqs(self) -> int:
@@ -122,65 +110,7 @@ class Workload:
         return sorted(c for c in self.preset.corners if self.corners.get(c, 0) == 0)
 
 
-@dataclass
-class _Request:
-    uid: int
-    row: int
-    prompt_len: int
-    target_len: int
-    prefix_len: int
-    nct: int
-    blocks: list[list[int]]
-    dead: list[set[int]]
-    appended: bool = False
-
-
-class _Allocator:
-    """Free list of one group's block ids; the most recently freed id is handed out first."""
-
-    def __init__(self, first: int, size: int) -> None:
-        self.free = list(range(first + size - 1, first - 1, -1))
-        self.released_by: dict[int, tuple[int, str]] = {}
-
-    def take(self, n: int) -> list[int]:
-        if n > len(self.free):
-            raise RuntimeError("block pool exhausted; the preset's pool is too small")
-        return [self.free.pop() for _ in range(n)]
-
-    def give(self, ids: list[int], uid: int, reason: str) -> None:
-        for b in ids:
-            self.released_by[b] = (uid, reason)
-        self.free.extend(ids)
-
-
-class _Generator:
-    def __init__(self, preset: Preset, seed: int) -> None:
-        self.p = preset
-        self.rng = np.random.default_rng(np.random.SeedSequence([seed, _name_key(preset.name)]))
-        self.corners: Counter[str] = Counter({c: 0 for c in CORNERS})
-        cfg = preset.config(0)
-        self.cfg = cfg
-        self.num_groups = cfg.num_kv_cache_groups
-        self.reach = cfg.effective_sliding_window_reach()
-        self.pass_nct = any(w > 0 for w in cfg.sliding_window_reach)
-        pool = preset.block_pool_size()
-        self.alloc = [
-            _Allocator(preset.block_id_base + g * pool, pool) for g in range(self.num_groups)
-        ]
-        self.virtual = [cfg.block_sizes[g] * cfg.group_cp_size(g) for g in range(self.num_groups)]
-        self.free_rows = list(range(cfg.max_num_reqs))
-        self.used_rows: set[int] = set()
-        self.running: dict[int, _Request] = {}
-        self.next_uid = 0
-        self.pending: list[Release] = []
-        self.nct_rows = np.zeros(cfg.max_num_reqs, dtype=np.int32)
-        self.prev_num_tokens = 0
-        self.rows_high = 0
-        self.plot_uid: int | None = None
-        self.step_index = 0
-        self.real_tokens = 0
-        self.hasher = hashlib.sha256()
-
+class _Generator(_LifeCycle, _Writes):
     # ------------------------------------------------------------ steps
 
     def run(self) -> Workload:
@@ -193,7 +123,11 @@ class _Generator:
             elif (
                 0 < s < p.num_steps - 1
                 and steps[-1].kind == "real"
-                and (self.rng.random() < p.dummy_run_prob or self._overdue("dummy_run"))
+                and (
+                    self.rng.random() < p.dummy_run_prob
+                    or self._overdue("dummy_run")
+                    or self._overdue("profiling_writes")
+                )
             ):
                 step = self._dummy_step(s)
             else:
@@ -219,9 +153,21 @@ class _Generator:
         self.corners["dummy_run"] += 1
         n_reqs = int(self.rng.integers(1, self.cfg.max_num_reqs + 1))
         n_tokens = int(self.rng.integers(1, self.cfg.max_num_batched_tokens + 1))
-        self.rows_high = 0
+        profile = bool(self.rng.random() < self.p.profile_prob or self._overdue("profiling_writes"))
+        self.corners["profiling_writes"] += profile
+        if profile and self.rng.random() < 0.7:
+            n_reqs = self.cfg.max_num_reqs  # a profiling run takes every row, as engines do
+        self.profiled_rows = n_reqs if profile else 0
+        self.rows_high = n_reqs  # the rows it hands out count as written (SPEC.md section 3)
         self.prev_num_tokens = self.cfg.max_num_batched_tokens
-        return Step(index=s, kind="dummy", dummy_num_reqs=n_reqs, dummy_num_tokens=n_tokens)
+        return Step(
+            index=s,
+            kind="dummy",
+            dummy_num_reqs=n_reqs,
+            dummy_num_tokens=n_tokens,
+            profile=profile,
+            profile_seed=int(self.rng.integers(2**31)),
+        )
 
     def _warmup_step(self, s: int) -> Step:
         """Rows get made-up block ids while writes go to the null block; they stay free."""
@@ -229,15 +175,18 @@ class _Generator:
         rng, cfg = self.rng, self.cfg
         rows = rng.permutation(cfg.max_num_reqs)[: self.p.max_batch_reqs]
         entries, appends = [], []
+        m = max((self.p.kernel_factor(g) for g in range(self.num_groups)), default=1)
+        top = (2**31 - 1) // m  # every kernel id of a made-up block fits int32
         for row in rows.tolist():
             n_blocks = int(rng.integers(1, 4))
             ids = tuple(
-                tuple(int(x) for x in rng.integers(1, 2**31 - 1, n_blocks))
+                tuple(int(x) for x in rng.integers(1, top, n_blocks))
                 for _ in range(self.num_groups)
             )
             uid = self._new_uid()
             appends.append(Append(uid, row, ids, True))
-            span = min(n_blocks * v for v in self.virtual)
+            self._advance_counts(self.row_counts, appends[-1])
+            span = min((n_blocks * v for v in self.virtual), default=8)
             n = int(rng.integers(1, min(span, 8) + 1))
             entries.append((uid, row, 0, n))
             self.used_rows.add(row)
@@ -254,6 +203,7 @@ class _Generator:
             entries.append((req.uid, req.row, req.nct, n))
             self.nct_rows[req.row] = req.nct
         self._count_step_corners(scheduled)
+        self._shape_writes(step)
         step = self._batch(step, entries)
         self._advance(step, scheduled)
         return step
@@ -264,7 +214,9 @@ class _Generator:
         """Running requests and admissions, in either order, within a token budget."""
         p, rng = self.p, self.rng
         cap = p.max_num_batched_tokens - 16
-        if p.fill_batches:
+        if p.giant_prefill and self.prev_num_tokens > p.giant_prefill:
+            budget = int(rng.integers(1, 64))  # a step far smaller than the one before
+        elif p.fill_batches or self._overdue("full_batch") or self._overdue("writes_past_max_reqs"):
             budget = cap
         elif rng.random() < 0.3:
             budget = int(rng.integers(1, 9))
@@ -272,6 +224,10 @@ class _Generator:
             budget = int(rng.integers(1, cap + 1))
         scheduled: list[tuple[_Request, int]] = []
         running = sorted(self.running.values(), key=lambda r: r.uid)
+        if p.giant_prefill and not self.corners["giant_request_step"] and self.free_rows:
+            req = self._admit(step, prompt_len=p.giant_prefill)
+            scheduled.append((req, p.giant_prefill))
+            budget -= p.giant_prefill
         starving = any(
             self._overdue(c)
             for c in ("request_finished", "row_reused", "block_reused", "prefix_cached_start")
@@ -299,6 +255,8 @@ class _Generator:
             and (
                 rng.random() < (0.7 if len(self.running) < p.max_batch_reqs else 0.15)
                 or p.fill_batches
+                or self._overdue("full_batch")
+                or self._overdue("writes_past_max_reqs")
             )
         ):
             req = self._admit(step)
@@ -320,107 +278,6 @@ class _Generator:
             return 0
         self.corners["spec_decode" if n > 1 else "decode"] += 1
         return n
-
-    def _admit(self, step: Step) -> _Request:
-        p, rng = self.p, self.rng
-        row = self.free_rows.pop(self._pick_row())
-        if row in self.used_rows:
-            self.corners["row_reused"] += 1
-        self.used_rows.add(row)
-        far = max(self.virtual)
-        want_prefix = rng.random() < p.prefix_prob or self._overdue("prefix_cached_start")
-        short = not want_prefix and (
-            rng.random() < 0.4 or self._overdue("request_finished") or self._overdue("row_reused")
-        )
-        if short:
-            prompt = int(rng.integers(1, min(32, p.max_prompt_len) + 1))
-            target = prompt + int(rng.integers(1, min(8, p.max_decode_len) + 1))
-        else:
-            low = min(far + 2, p.max_prompt_len) if want_prefix else 1
-            prompt = int(rng.integers(low, p.max_prompt_len + 1))
-            target = prompt + int(rng.integers(1, p.max_decode_len + 1))
-        prefix = 0
-        if want_prefix and prompt > far + 1:
-            prefix = int(rng.integers(far, prompt))
-            self.corners["prefix_cached_start"] += 1
-        g = self.num_groups
-        req = _Request(
-            self._new_uid(),
-            row,
-            prompt,
-            target,
-            prefix,
-            prefix,
-            [[] for _ in range(g)],
-            [set() for _ in range(g)],
-        )
-        self.running[req.uid] = req
-        step.admitted.append(Finished(req.uid, row, target, prefix))
-        if self.plot_uid is None and prefix == 0 and target >= 2 * max(self.virtual):
-            self.plot_uid = req.uid
-        return req
-
-    def _pick_row(self) -> int:
-        """Index into `free_rows`: often the row freed last (engines reuse rows eagerly)."""
-        if self._overdue("row_reused"):
-            reused = [i for i, r in enumerate(self.free_rows) if r in self.used_rows]
-            if reused:
-                return reused[-1]
-        if self.rng.random() < 0.5:
-            return len(self.free_rows) - 1
-        return int(self.rng.integers(len(self.free_rows)))
-
-    def _overdue(self, corner: str) -> bool:
-        """A promised corner still unreached after a third of the run: force it."""
-        if corner not in self.p.corners or self.corners[corner]:
-            return False
-        return self.step_index >= self.p.num_steps // 3
-
-    def _new_uid(self) -> int:
-        self.next_uid += 1
-        return self.next_uid
-
-    # ------------------------------------------------------------ blocks
-
-    def _give_blocks(self, step: Step, req: _Request, end: int) -> None:
-        new = []
-        for g in range(self.num_groups):
-            need = math.ceil(end / self.virtual[g]) - len(req.blocks[g])
-            ids = self.alloc[g].take(max(need, 0))
-            for b in ids:
-                self._count_reuse(g, b, req.uid)
-            req.blocks[g].extend(ids)
-            new.append(tuple(ids))
-        if not req.appended or any(new):
-            step.appends.append(Append(req.uid, req.row, tuple(new), not req.appended))
-            req.appended = True
-
-    def _count_reuse(self, g: int, block: int, uid: int) -> None:
-        prev = self.alloc[g].released_by.pop(block, None)
-        if prev is None or prev[0] == uid:
-            return
-        self.corners["block_reused"] += 1
-        if prev[1] == "window" and prev[0] in self.running:
-            self.corners["window_freed_reused"] += 1
-
-    def _free_window_blocks(self, step: Step) -> None:
-        """Blocks wholly below `nct - reach` leave the request (their ids stay in its row)."""
-        for req in sorted(self.running.values(), key=lambda r: r.uid):
-            for g, w in enumerate(self.reach):
-                if w == 0:
-                    continue
-                bs = self.cfg.block_sizes[g]
-                cols = [
-                    j
-                    for j in range((req.nct - w) // bs if req.nct > w else 0)
-                    if j < len(req.blocks[g]) and j not in req.dead[g]
-                ]
-                if not cols:
-                    continue
-                ids = [req.blocks[g][j] for j in cols]
-                req.dead[g].update(cols)
-                self.alloc[g].give(ids, req.uid, "window")
-                step.releases.append(Release(req.uid, g, tuple(ids), tuple(cols), "window"))
 
     # ------------------------------------------------------------ batch shape
 
@@ -465,15 +322,44 @@ class _Generator:
         step.query_start_loc = qsl
         step.num_tokens_padded = ntp
         step.num_reqs_padded = nrp
-        step.num_computed_tokens = self.nct_rows.copy() if self.pass_nct else None
+        step.nct_rows = self.nct_rows.copy()
+        self._choose_paths(step)
         self._count_shape_corners(step, tail)
         return step
+
+    def _choose_paths(self, step: Step) -> None:
+        """Which optional arguments this step's gather and slot mapping get."""
+        p, rng, c = self.p, self.rng, self.corners
+        nct = rng.random() < (p.nct_prob if self.pass_nct else 0.3)
+        if self._overdue("nct_absent"):
+            nct = False
+        elif self._overdue("nct_present"):
+            nct = True
+        step.num_computed_tokens = step.nct_rows.copy() if nct else None
+        c["nct_present" if nct else "nct_absent"] += 1
+        if rng.random() < p.fused_read_prob or self._overdue("fused_read"):
+            step.fused_read = True
+            c["fused_read"] += 1
+            return
+        if rng.random() < p.out_prob or self._overdue("gather_out"):
+            step.gather_out = 1
+        if rng.random() < p.out_prob or self._overdue("gather_out_ptrs"):
+            step.gather_out = 2
+        if rng.random() < p.out_prob or self._overdue("slot_out"):
+            step.slot_out = True
+        c["gather_out"] += step.gather_out == 1
+        c["gather_out_ptrs"] += step.gather_out == 2
+        c["slot_out"] += step.slot_out
 
     def _count_shape_corners(self, step: Step, tail: np.ndarray) -> None:
         c = self.corners
         c["padded_tokens"] += step.num_tokens_padded > step.num_tokens
         c["padded_reqs"] += step.num_reqs_padded > step.num_reqs
+        c["profiled_rows_reclaimed"] += step.num_reqs_padded < self.profiled_rows
+        self.profiled_rows = 0
         c["smaller_step"] += step.num_tokens < self.prev_num_tokens
+        c["giant_shrink"] += step.num_tokens + 8192 < self.prev_num_tokens
+        c["full_batch"] += step.num_reqs == self.cfg.max_num_reqs
         c["smaller_batch"] += step.num_reqs_padded < self.rows_high
         c["positions_tail_garbage"] += bool(tail.any())
         rows = step.idx_mapping[step.idx_mapping >= 0]
@@ -482,11 +368,13 @@ class _Generator:
         self.rows_high = max(self.rows_high, step.num_reqs_padded)
 
     def _count_step_corners(self, scheduled: list[tuple[_Request, int]]) -> None:
-        cfg, c = self.cfg, self.corners
+        cfg, c, p = self.cfg, self.corners, self.p
+        kernel = cfg.kernel_block_sizes
+        m = [p.kernel_factor(g) for g in range(self.num_groups)]
         if cfg.cp_size > 1:
             for g in range(self.num_groups):
                 if cfg.dcp_sharded[g]:
-                    i, bs = cfg.cp_interleave, cfg.block_sizes[g]
+                    i, bs = cfg.cp_interleave, kernel[g]
                     c[
                         "interleave_1"
                         if i == 1
@@ -494,6 +382,7 @@ class _Generator:
                         if i == bs
                         else "interleave_between"
                     ] += 1
+                    c["interleave_eq_kernel"] += i == bs and m[g] > 1
             kinds = {
                 (
                     "disabled"
@@ -507,41 +396,23 @@ class _Generator:
             c["mixed_groups"] += len(kinds) == 3
             c["window_configured_under_cp"] += self.pass_nct
         c["several_block_sizes"] += len(set(cfg.block_sizes)) > 1
+        c["zero_groups"] += self.num_groups == 0
+        c["one_group"] += self.num_groups == 1
+        c["many_groups"] += self.num_groups >= 5
+        c["kernel_blocks"] += any(x > 1 for x in m)
+        c["kernel_blocks_mixed"] += any(x > 1 for x in m) and any(x == 1 for x in m)
         for req, n in scheduled:
             self.real_tokens += n
+            c["giant_request_step"] += n > 8192
             for g in range(self.num_groups):
-                w, bs = self.reach[g], cfg.block_sizes[g]
+                w, bs = self.reach[g], kernel[g]
                 if w and req.nct > w and (req.nct - w) % bs == 0:
                     c["window_boundary"] += 1
+                c["wide_row"] += len(req.blocks[g]) * m[g] > 2048
                 if cfg.slot_mapping_enabled[g]:
                     cols = np.arange(req.nct, req.nct + n) // self.virtual[g]
                     blocks = np.asarray(req.blocks[g], dtype=np.int64)[cols]
-                    c["slot_past_2_31"] += int((blocks * bs >= 2**31).sum())
-
-    # ------------------------------------------------------------ progress
-
-    def _advance(self, step: Step, scheduled: list[tuple[_Request, int]]) -> None:
-        for req, n in scheduled:
-            if req.nct < req.prompt_len:
-                req.nct += n
-            else:
-                accepted = int(self.rng.integers(0, n))
-                if accepted < n - 1:
-                    self.corners["spec_rejected"] += 1
-                req.nct += 1 + accepted
-            if req.nct >= req.target_len:
-                self._finish(step, req)
-
-    def _finish(self, step: Step, req: _Request) -> None:
-        self.corners["request_finished"] += 1
-        step.finished.append(Finished(req.uid, req.row, req.nct, req.prefix_len))
-        for g in range(self.num_groups):
-            cols = [j for j in range(len(req.blocks[g])) if j not in req.dead[g]]
-            ids = [req.blocks[g][j] for j in cols]
-            self.alloc[g].give(ids, req.uid, "finished")
-            self.pending.append(Release(req.uid, g, tuple(ids), tuple(cols), "finished"))
-        del self.running[req.uid]
-        self.free_rows.append(req.row)
+                    c["slot_past_2_31"] += int((blocks * cfg.block_sizes[g] >= 2**31).sum())
 
     def _digest(self, step: Step) -> None:
         h = self.hasher
@@ -554,7 +425,9 @@ class _Generator:
                     step.num_reqs_padded,
                     step.dummy_num_reqs,
                     step.dummy_num_tokens,
-                    [(a.row, a.overwrite, a.block_ids) for a in step.appends],
+                    [(a.row, a.overwrite, a.block_ids, a.expect_error) for a in step.appends],
+                    (step.gather_out, step.slot_out, step.fused_read),
+                    (step.profile, step.profile_seed),
                 )
             ).encode()
         )
@@ -562,10 +435,6 @@ class _Generator:
             h.update(arr.tobytes())
         if step.num_computed_tokens is not None:
             h.update(step.num_computed_tokens.tobytes())
-
-
-def _name_key(name: str) -> int:
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
 
 
 def generate(preset: Preset, seed: int) -> Workload:

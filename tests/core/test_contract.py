@@ -73,9 +73,30 @@ def test_constructor_refuses(overrides, message):
         BlockTables(**{**GOOD, **overrides})
 
 
-def test_interleave_is_free_for_unsharded_or_single_rank():
-    BlockTables(**{**GOOD, "cp_interleave": 3})
-    BlockTables(**{**GOOD, "cp_size": 2, "cp_interleave": 3, "dcp_sharded": [False, False]})
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(dict(cp_interleave=3), id="single-rank"),
+        pytest.param(
+            dict(cp_size=2, cp_rank=1, cp_interleave=3, dcp_sharded=[False, False]),
+            id="unsharded-rank-1",
+        ),
+    ],
+)
+def test_interleave_is_free_for_unsharded_or_single_rank(pair, overrides):
+    """Interleave 3 divides no block size here; where it does not apply, slots must
+    follow the plain rule of SPEC.md section 2 (`table[p // bs] * bs + p % bs`)."""
+    kwargs = {k: v for k, v in {**GOOD, **overrides}.items() if k != "device"}
+    p = pair(**kwargs)
+    p.append(0, ([3, 5, 7], [2, 9]))
+    p.append(1, ([4, 6], [8]))
+    p.bt.apply_staged_writes()
+    positions = [0, 5, 15, 16, 17, 31, 40, 41, 47]
+    slots = p.slots([1, 0], [0, 6, 9], positions, 12)  # checked against the reference
+    for g, bs in enumerate(kwargs["block_sizes"]):
+        rows = {0: [3, 5, 7], 1: [4, 6]} if g == 0 else {0: [2, 9], 1: [8]}
+        for t, (r, pos) in enumerate(zip([1] * 6 + [0] * 3, positions)):
+            assert slots[g, t] == rows[r][pos // bs] * bs + pos % bs, (g, t)
 
 
 @pytest.fixture

@@ -9,13 +9,10 @@ import numpy as np
 import pytest
 
 from cp_blocktables.contract import NULL_BLOCK_ID
-from cp_blocktables.drills.null_block import (
-    DrillOptions,
-    plan,
-    run_drill_in_process_group,
-    warmup_steps,
-)
+from cp_blocktables.drills.driver import run_drill_in_process_group
+from cp_blocktables.drills.options import DrillOptions, plan
 from cp_blocktables.drills.serving import block_id_range
+from cp_blocktables.drills.warmup_steps import warmup_steps
 from cp_blocktables.harness.impl_loader import DEFAULT_IMPL
 from cp_blocktables.harness.presets import PRESETS
 from tests.wrong_impls.catalogue import CATALOGUE

@@ -10,7 +10,7 @@ import pytest
 from harness_proc import child_env, leftover_processes, run_cli
 
 from cp_blocktables import cli
-from cp_blocktables.drills.faults import FAULT_ENV, Fault
+from cp_blocktables.drills.fault_inject import FAULT_ENV, Fault
 
 NULL_BLOCK_ERRORS = [
     pytest.param(

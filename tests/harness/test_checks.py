@@ -48,13 +48,13 @@ def _drive(
     checker = GroupChecker(preset, workload)
     for step in workload.steps:
         outs = [e.run(step) for e in executors]
-        slots, tables = executors[0].split([o[0] for o in outs])
+        (slots, tables), aux = executors[0].split_all([o[0] for o in outs])
         slots, tables = slots.copy(), [t.copy() for t in tables]
-        if corrupt is not None:
-            corrupt(step, slots, tables)
+        if corrupt is not None:  # the slots the step produced: the caller's out if it gave one
+            corrupt(step, aux[0] if step.slot_out else slots, tables)
         local = [v for o in outs for v in o[1]]
         d = digests(step.index) if digests else [o[2] for o in outs]
-        checker.check_step(step, slots, tables, local, d)
+        checker.check_step(step, slots, tables, local, d, aux)
     checker.record(checker.read_back(len(workload.steps), workload.unfinished))
     return checker
 
@@ -165,7 +165,7 @@ def test_slot_in_a_foreign_block_is_check_4():
             other = real[uids[real] != uids[real[0]]][0]
             slots[0, 0, real[0]] = slots[0, 0, other] + 0  # someone else's block
 
-    checker = _drive("cp1-window", 4, corrupt)
+    checker = _drive("cp1-window", 8, corrupt)
     assert any(
         v.check == 4 and "outside the token's own blocks" in v.what for v in checker.violations
     )

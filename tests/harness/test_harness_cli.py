@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from cp_blocktables import cli
+from cp_blocktables.harness import presets
 from cp_blocktables.harness.dist import RankEnv, choose_backend
 from cp_blocktables.harness.impl_loader import ImplSpecError, load_impl
 from cp_blocktables.harness.runner import VerifyOptions, plan
@@ -80,9 +81,9 @@ def test_subcommands_are_registered():
 def test_sweep_skips_presets_the_world_cannot_hold():
     opts = VerifyOptions(impls=["cp_blocktables:BlockTables"], presets=["sweep"])
     chosen, skipped = plan(opts, 4)
-    assert [p.cp_size for p in chosen] == [1, 2, 4, 4]
+    assert [p.cp_size for p in chosen] == [1, 2, 4, 4, 4, 1, 4, 2, 2, 1]
     assert len(skipped) == 1 and "cp8-large-ids" in skipped[0]
-    assert len(plan(opts, 8)[0]) == 5
+    assert len(plan(opts, 8)[0]) == len(presets.SWEEP)
 
 
 def test_impl_from_a_file_path(tmp_path):

@@ -26,6 +26,7 @@ def _accounting_ok(result: dict) -> None:
         assert s["read_back"] == s["read_expected"], where
     assert result["steps_checked"] == result["steps_planned"]
     assert result["violations"] == []
+    assert result["tokens_checked"] > 0, "a run that checked no token proves nothing"
 
 
 @pytest.mark.parametrize("world", sorted(CASES), ids=lambda w: f"world{w}")
@@ -103,4 +104,16 @@ def test_report_junit_and_plot(tmp_path):
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(paths["json"].read_text())
     assert data["results"][0]["corners"]["interleave_1"] > 0
-    assert set(data["checks"]) == {str(i) for i in range(8)}
+    assert set(data["checks"]) == {str(i) for i in range(9)}
+
+
+def test_a_preset_run_as_defined_enforces_and_reaches_its_corners(tmp_path):
+    """No --steps: the promise is enforced, and every promised corner was reached."""
+    report = tmp_path / "report.json"
+    proc = run_cli(["verify", "--world-size", "2", "--preset", "groups-1", "--report", str(report)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (result,) = json.loads(report.read_text())["results"]
+    assert result["coverage_enforced"] is True
+    assert result["missing_corners"] == []
+    assert all(result["corners"][c] > 0 for c in result["promised"])
+    _accounting_ok(result)

@@ -32,22 +32,27 @@ class StandInBlockTables:
         slot_mapping_enabled: list[bool] | None = None,
         dcp_sharded: list[bool] | None = None,
         sliding_window_reach: list[int] | None = None,
+        kernel_block_sizes: list[int] | None = None,
     ) -> None:
         cfg = BlockTablesConfig(
             block_sizes, max_num_reqs, max_num_batched_tokens, max_num_blocks_per_group,
             cp_size, cp_rank, cp_interleave, slot_mapping_enabled, dcp_sharded,
-            sliding_window_reach,
+            sliding_window_reach, kernel_block_sizes,
         )  # fmt: skip
         self.cfg = cfg
         self.device = torch.device(device)
-        self.block_sizes = cfg.block_sizes
+        self.alloc_block_sizes = list(block_sizes)
+        self.kernel_block_sizes = list(cfg.kernel_block_sizes)
+        self.m = [b // k for b, k in zip(block_sizes, self.kernel_block_sizes, strict=True)]
+        self.block_sizes = self.kernel_block_sizes  # every formula of section 2 uses K
         self.max_num_reqs = cfg.max_num_reqs
         self.max_num_batched_tokens = cfg.max_num_batched_tokens
         self.cp_size, self.cp_rank, self.cp_interleave = cp_size, cp_rank, cp_interleave
         self.num_kv_cache_groups = cfg.num_kv_cache_groups
         g = self.num_kv_cache_groups
         self.tables = [
-            torch.zeros((max_num_reqs, w), dtype=torch.int32) for w in max_num_blocks_per_group
+            torch.zeros((max_num_reqs, w * m), dtype=torch.int32)
+            for w, m in zip(max_num_blocks_per_group, self.m, strict=True)
         ]
         self.counts = np.zeros((g, max_num_reqs), dtype=np.int64)
         self.staged: list[tuple[int, int, int, list[int]]] = []
@@ -62,6 +67,16 @@ class StandInBlockTables:
 
     def _staged_ids(self, ids: list[int]) -> list[int]:
         return [NULL_BLOCK_ID] * len(ids) if self.redirect_writes_to_null_block else list(ids)
+
+    def _expand(self, g: int, ids: list[int]) -> list[int]:
+        m = self.m[g]
+        return [b * m + i for b in ids for i in range(m)]
+
+    def _capacity_ok(self, g: int, start: int, ids: list[int]) -> bool:
+        return start + len(ids) * self.m[g] <= self.tables[g].shape[1]
+
+    def _dummy_rows_written(self, num_reqs: int) -> int:
+        return num_reqs
 
     def _apply(self, g: int, row: int, start: int, ids: list[int]) -> None:
         self.tables[g][row, start : start + len(ids)] = torch.tensor(ids, dtype=torch.int32)
@@ -122,12 +137,12 @@ class StandInBlockTables:
     def append_block_ids(self, req_index: int, new_block_ids, overwrite: bool) -> None:
         starts = [self._start(g, req_index, overwrite) for g in range(self.num_kv_cache_groups)]
         for g, ids in enumerate(new_block_ids):
-            end = starts[g] + len(ids)
-            if end > self.tables[g].shape[1]:
-                raise RuntimeError(f"request {req_index} group {g}: end {end} past capacity")
+            if not self._capacity_ok(g, starts[g], list(ids)):
+                raise RuntimeError(f"request {req_index} group {g}: past capacity")
         for g, ids in enumerate(new_block_ids):
-            self.staged.append((g, req_index, starts[g], self._staged_ids(ids)))
-            self.counts[g, req_index] = starts[g] + len(ids)
+            kernel_ids = self._expand(g, self._staged_ids(list(ids)))
+            self.staged.append((g, req_index, starts[g], kernel_ids))
+            self.counts[g, req_index] = starts[g] + len(kernel_ids)
 
     def apply_staged_writes(self) -> None:
         for g, row, start, ids in self.staged:
@@ -160,7 +175,7 @@ class StandInBlockTables:
 
     def get_dummy_block_tables(self, num_reqs: int):
         self._dummy_tables(num_reqs)
-        self.rows_written = 0
+        self.rows_written = self._dummy_rows_written(num_reqs)
         return tuple(t[:num_reqs] for t in self.input_block_tables)
 
     def compute_slot_mappings(
@@ -194,3 +209,43 @@ class StandInBlockTables:
     def get_dummy_slot_mappings(self, num_tokens: int):
         self.slot_mappings.fill_(PAD_SLOT_ID)
         return self.slot_mappings[:, :num_tokens]
+
+
+class StandInFusedRead(StandInBlockTables):
+    """The stand-in with SPEC.md 8.2's one-call read (here: the two calls, in order)."""
+
+    def gather_and_compute_slot_mappings(
+        self,
+        idx_mapping,
+        num_reqs_padded,
+        query_start_loc,
+        positions,
+        num_tokens_padded,
+        num_computed_tokens=None,
+    ):
+        tables = self.gather_block_tables(
+            idx_mapping, num_reqs_padded, num_computed_tokens=num_computed_tokens
+        )
+        return tables, self.compute_slot_mappings(
+            idx_mapping, query_start_loc, positions, num_tokens_padded
+        )
+
+
+def seed_shaped(
+    block_sizes,
+    max_num_reqs,
+    max_num_batched_tokens,
+    max_num_blocks_per_group,
+    device,
+    cp_size=1,
+    cp_rank=0,
+    cp_interleave=1,
+    slot_mapping_enabled=None,
+    dcp_sharded=None,
+    sliding_window_reach=None,
+):
+    """A factory of the seed's shape (no kernel_block_sizes): kernel-block presets are skipped."""
+    return StandInBlockTables(
+        block_sizes, max_num_reqs, max_num_batched_tokens, max_num_blocks_per_group, device,
+        cp_size, cp_rank, cp_interleave, slot_mapping_enabled, dcp_sharded, sliding_window_reach,
+    )  # fmt: skip

@@ -55,10 +55,11 @@ def sleep(bt: BlockTables, seed: int) -> int:
     for t in device_tensors(bt, bt.device):
         if t.numel() == 0 or t.untyped_storage().data_ptr() == host_truth:
             continue
+        assert t.is_contiguous(), "every owned tensor is a contiguous buffer or row slice"
         garbage = torch.randint(
             0, 256, (t.numel() * t.element_size(),), dtype=torch.uint8, generator=gen
         )
-        t.view(torch.uint8).view(-1).copy_(garbage.to(t.device)) if t.is_contiguous() else None
+        t.view(torch.uint8).view(-1).copy_(garbage.to(t.device))
         n += 1
     return n
 

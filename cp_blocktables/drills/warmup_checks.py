@@ -1,0 +1,172 @@
+"""The null-block drill's own checks around a warm-up (`report.WARMUP_CHECKS`), one rank each.
+
+Each appends findings (`report.finding` dicts) to `found`; the warm-up stage
+(`null_block.NullBlockEra`) all-gathers them to the CP group's leader.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..contract import NULL_BLOCK_ID
+from ..harness import presets
+from .report import finding
+from .serving import LiveBlocks, ServingState, block_id_range
+
+FLAG = "redirect_writes_to_null_block"
+
+
+def construct(cls: type, preset: presets.Preset, cp_rank: int, device: torch.device):
+    """A fresh instance of `cls` for `preset`, as the harness builds one."""
+    cfg = preset.config(cp_rank)
+    return cls(
+        cfg.block_sizes,
+        cfg.max_num_reqs,
+        cfg.max_num_batched_tokens,
+        cfg.max_num_blocks_per_group,
+        device,
+        cp_size=cfg.cp_size,
+        cp_rank=cfg.cp_rank,
+        cp_interleave=cfg.cp_interleave,
+        slot_mapping_enabled=cfg.slot_mapping_enabled,
+        dcp_sharded=cfg.dcp_sharded,
+        sliding_window_reach=cfg.sliding_window_reach,
+    )
+
+
+def probe(impl: object, row: int, ids: list[int], device: torch.device) -> list[int]:
+    """Append one id per group to `row`, apply, gather it: the first entry of each group."""
+    impl.append_block_ids(row, tuple([i] for i in ids), True)
+    impl.apply_staged_writes()
+    idx = torch.tensor([row], dtype=torch.int32, device=device)
+    return [int(t[0, 0]) for t in impl.gather_block_tables(idx, 1)]
+
+
+def staged_not_null(impl: object, rank: int) -> list[dict]:
+    """For the project's own class: the staged lists themselves must hold only 0."""
+    from ..block_tables import BlockTables
+
+    if not isinstance(impl, BlockTables):
+        return []
+    out = []
+    for g, t in enumerate(impl.block_tables):
+        bad = [v for v in t._staged_write_contents if v != NULL_BLOCK_ID]
+        if bad:
+            out.append(
+                finding(
+                    "null-ids",
+                    "a warm-up's append staged real block ids",
+                    rank,
+                    g,
+                    expected="0",
+                    actual=f"{bad[:4]}",
+                )
+            )
+    return out
+
+
+def after_exit(
+    found: list[dict],
+    st: ServingState,
+    rank: int,
+    live: list[LiveBlocks],
+    flag0: bool,
+    pool0: tuple,
+    when: str,
+) -> None:
+    """Flag, pool, block 0 and every live block as they must be once a warm-up ended."""
+    flag = getattr(st.impl, FLAG)
+    if flag != flag0:
+        found.append(
+            finding(
+                "flag-restored",
+                f"{when}, the flag is not back",
+                rank,
+                expected=repr(flag0),
+                actual=repr(flag),
+            )
+        )
+    if st.pool.snapshot() != pool0:
+        found.append(
+            finding(
+                "pool-restored",
+                f"{when}, the pool differs",
+                rank,
+                expected=str(pool0)[:200],
+                actual=str(st.pool.snapshot())[:200],
+            )
+        )
+    for g, cache in enumerate(st.caches):
+        if not cache.null_block_is_zero():
+            found.append(finding("null-zeroed", f"{when}, block 0 is not zero", rank, g))
+    for c in st.changed_blocks(live):
+        found.append(
+            finding(
+                "live-kv",
+                f"{when}, block {c['block']} changed at offset {c['offset']}",
+                rank,
+                c["group"],
+                expected=c["before"],
+                actual=c["after"],
+            )
+        )
+
+
+def other_instance(
+    found: list[dict],
+    cls: type,
+    preset: presets.Preset,
+    cp_rank: int,
+    rank: int,
+    device: torch.device,
+) -> None:
+    """Another instance, built during the warm-up, must stage what it is given."""
+    ids = [block_id_range(preset, g)[0] for g in range(preset.config(0).num_kv_cache_groups)]
+    try:
+        other = construct(cls, preset, cp_rank, device)
+        flag = getattr(other, FLAG)
+        got = probe(other, 0, ids, device)
+    except Exception as e:  # noqa: BLE001
+        found.append(
+            finding("per-instance", f"a second instance raised {type(e).__name__}: {e}", rank)
+        )
+        return
+    if flag is not False or got != ids:
+        found.append(
+            finding(
+                "per-instance",
+                "an instance built during another's warm-up is redirected "
+                f"too (its flag reads {flag!r})",
+                rank,
+                expected=f"ids {ids}",
+                actual=f"ids {got}",
+            )
+        )
+
+
+def appends_after(
+    found: list[dict], st: ServingState, preset: presets.Preset, rank: int, device: torch.device
+) -> None:
+    """After the warm-up, an append must be staged as given (read back through a gather)."""
+    ids = [block_id_range(preset, g)[0] for g in range(len(st.caches))]
+    try:
+        got = probe(st.impl, st.pool.free_rows()[0], ids, device)
+    except Exception as e:  # noqa: BLE001
+        found.append(
+            finding(
+                "appends-after",
+                f"an append after the warm-up raised {type(e).__name__}: {e}",
+                rank,
+            )
+        )
+        return
+    if got != ids:
+        found.append(
+            finding(
+                "appends-after",
+                "ids appended after the warm-up were redirected",
+                rank,
+                expected=f"ids {ids}",
+                actual=f"ids {got}",
+            )
+        )

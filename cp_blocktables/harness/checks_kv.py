@@ -1,0 +1,80 @@
+"""Check 5 of SPEC.md section 6: the KV round trip through a simulated cache per rank."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import reference
+from ..contract import PAD_SLOT_ID
+from .violations import _PER_STEP_REPORTS, _TAG_SHIFT, Violation, _untag
+from .workload import Finished, Step
+
+
+class _KvChecks:
+    """Check 5 of `GroupChecker` (state lives there)."""
+
+    def _write_kv(self, step: Step, actual: np.ndarray) -> None:
+        n = step.num_tokens
+        _, uids = step.token_rows()
+        real = uids >= 0
+        tags = (uids[real] << _TAG_SHIFT) | step.positions[:n][real]
+        for g in range(self.num_groups):
+            if not self.enabled[g]:
+                continue
+            for k in range(self.cp_size):
+                slots = actual[k, g, :n][real]
+                w = slots != PAD_SLOT_ID
+                self.kv[k][g].update(zip(slots[w].tolist(), tags[w].tolist(), strict=True))
+
+    def _read_request(self, step_index: int, req: Finished, g: int) -> list[Violation]:
+        bs, c, inter = self.block_sizes[g], self.group_cp[g], self.preset.cp_interleave
+        kbs = self.kernel_sizes[g]
+        row = np.asarray(self.req_blocks[req.uid][g], dtype=np.int64)
+        dead = self.req_dead[req.uid][g]
+        found, seen = [], np.zeros(req.seq_len, dtype=np.int64)
+        for k in range(self.cp_size):
+            kk = k if c > 1 else 0
+            owned = reference.owned_positions(req.seq_len, kk, c, inter, kbs)
+            n_local = reference.local_len(req.seq_len, kk, c, inter)
+            slots = reference.read_slots(row, n_local, bs, kernel_block_size=kbs)
+            q = np.arange(n_local)
+            live = np.array([(j not in dead) for j in (q // bs).tolist()], dtype=bool)
+            cache = self.kv[k][g]
+            got = np.array([cache.get(s, -1) for s in slots[live].tolist()], dtype=np.int64)
+            want = (req.uid << _TAG_SHIFT) | owned[live]
+            ok = got == want
+            self.stats[g, k, 5] += int(ok.sum())
+            self.stats[g, k, 6] += int(live.sum())
+            if c > 1:
+                seen[owned[live][ok]] += 1
+            for i in np.flatnonzero(~ok)[:_PER_STEP_REPORTS].tolist():
+                found.append(
+                    Violation(
+                        5,
+                        f"rank {k}'s local token {int(q[live][i])} reads back the wrong KV",
+                        step_index,
+                        g,
+                        req.uid,
+                        req.row,
+                        int(owned[live][i]),
+                        rank=k,
+                        expected=_untag(int(want[i])),
+                        actual=_untag(None if got[i] < 0 else int(got[i])),
+                    )
+                )
+        if c > 1 and not found:
+            for p in np.flatnonzero(seen != 1)[:_PER_STEP_REPORTS].tolist():
+                found.append(
+                    Violation(
+                        5,
+                        "position read back on the wrong number of ranks",
+                        step_index,
+                        g,
+                        req.uid,
+                        req.row,
+                        p,
+                        expected="exactly one rank",
+                        actual=f"{seen[p]} ranks",
+                    )
+                )
+        return found
