@@ -109,6 +109,9 @@ class _RankTotals:
     steps: int = 0
     busy_s: float = 0.0  # in the implementation's calls
     gather_s: float = 0.0  # moving the step's outputs to the CP group's leader
+    check_s: float = 0.0  # the leader's checks (GroupChecker.check_step)
+    warm_s: float = 0.0  # steps after a preset's first (compiles, communicators) ...
+    warm_tokens: int = 0  # ... and the tokens they verified
 
 
 class _PresetRun:
@@ -212,7 +215,7 @@ class _PresetRun:
         done = 0
         for step in workload.steps:
             arm_watchdog(self.opts.timeout + 60)
-            t = time.monotonic()
+            t = t_step = time.monotonic()
             try:
                 bulk, found, digest = executor.run(step)
             except Exception as e:  # noqa: BLE001
@@ -250,6 +253,10 @@ class _PresetRun:
                 local = [Violation(**v) for m in metas for v in m["found"]]
                 digests = [m["digest"] for m in metas]
                 checker.check_step(step, slots, tables, local, digests, aux)
+                self.totals.check_s += time.monotonic() - t
+            if done > 1:
+                self.totals.warm_s += time.monotonic() - t_step
+                self.totals.warm_tokens += step.num_tokens if step.kind == "real" else 0
             if self.progress is not None:
                 self.progress.advance(1, f"{self.preset.name} step {step.index}")
             if any(m["error"] for m in metas) or (metas[0]["failed"] and not self.opts.keep_going):
@@ -385,6 +392,9 @@ def _run(comm: Comm, opts: VerifyOptions, t0: float) -> int:
         "steps": totals.steps,
         "busy_s": round(totals.busy_s, 3),
         "gather_s": round(totals.gather_s, 3),
+        "check_s": round(totals.check_s, 3),
+        "warm_s": round(totals.warm_s, 3),
+        "warm_tokens": totals.warm_tokens,
         "backend": comm.backend,
         "device": str(comm.device),
         "checks": "device" if use_device_checks(opts.checks, comm.device) else "host",
