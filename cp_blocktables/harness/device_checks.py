@@ -155,9 +155,8 @@ class DeviceChecker:
         at = 1 + stats.numel()
         c.stats[:, :, :5] += back[1:at].reshape(stats.shape)
         vals = back[at : at + plot_vals.numel()].reshape(plot_vals.shape)
-        for i, t in enumerate(plot_t):
-            for k in np.flatnonzero(vals[:, i] != PAD_SLOT_ID).tolist():
-                c.plot_points.append((int(step.positions[t]), k))
+        i, k = np.nonzero(vals.T != PAD_SLOT_ID)  # token by token, ranks ascending
+        c.plot_points += zip(step.positions[plot_t[i]].tolist(), k.tolist(), strict=True)
         at += plot_vals.numel()
         self._commit_reads(reads, back[at:])
         if not (step.slot_out and aux is not None):
@@ -342,6 +341,7 @@ class DeviceChecker:
     def _plot(self, step: Step, uids_np: np.ndarray, a: torch.Tensor):
         c, g = self.c, self.c.plot_group
         if g is None or not c.enabled[g] or c.workload.plot_uid is None or step.kind != "real":
-            return [], torch.zeros((c.cp_size, 0), dtype=torch.int64, device=self.device)
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, torch.zeros((c.cp_size, 0), dtype=torch.int64, device=self.device)
         toks = np.flatnonzero(uids_np == c.workload.plot_uid)
-        return toks.tolist(), a[:, g, torch.from_numpy(toks).to(self.device)]
+        return toks, a[:, g, torch.from_numpy(toks).to(self.device)]

@@ -89,22 +89,19 @@ def read_request_counts(checker, req, g: int, device: torch.device) -> torch.Ten
     dead_cols = sorted(checker.req_dead[req.uid][g])
     dead = torch.as_tensor(dead_cols, dtype=torch.int64).to(device)
     length = req.seq_len
-    p = torch.arange(length, dtype=torch.int64, device=device)
-    seen = torch.zeros(length, dtype=torch.int64, device=device)
+    seen = torch.zeros(length if c > 1 else 0, dtype=torch.int64, device=device)
     out = []
     bad = torch.zeros((), dtype=torch.int64, device=device)
     for k in range(checker.cp_size):
         kk = k if c > 1 else 0
-        if c > 1:  # reference.owner, as a torch expression
-            o = p % (kbs * c)
-            owned = p[(o // inter) % c == kk]
-        else:
-            owned = p
         n_local = reference.local_len(length, kk, c, inter)
         q = torch.arange(n_local, dtype=torch.int64, device=device)
-        if owned.numel() != n_local:  # owner and local_len disagree: let the host say it
-            bad = bad + 1
-            owned = torch.zeros(n_local, dtype=torch.int64, device=device)
+        if c > 1:  # the q-th position rank kk owns; reference.owner must agree, below
+            owned = (q // inter) * (inter * c) + kk * inter + q % inter
+            o = owned % (kbs * c)
+            bad = bad + (((o // inter) % c != kk) | (owned >= length)).sum()
+        else:
+            owned = q
         slots = row[(q // kbs).clamp(max=max(row.numel() - 1, 0))] * kbs + q % kbs
         if row.numel() * kbs < n_local:  # the row is shorter than the request: host raises
             bad = bad + 1
@@ -115,7 +112,7 @@ def read_request_counts(checker, req, g: int, device: torch.device) -> torch.Ten
         bad = bad + (live & ~ok).sum()
         out += [ok.sum(), live.sum()]
         if c > 1:
-            seen.index_add_(0, owned[ok], torch.ones_like(owned[ok]))
+            seen.index_add_(0, owned.clamp(max=length - 1), ok.to(torch.int64))
     if c > 1:
         bad = bad + (seen != 1).sum()
     return torch.stack([bad, *out])
