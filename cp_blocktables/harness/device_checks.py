@@ -77,6 +77,7 @@ class DeviceChecker:
         self.table_values = [torch.zeros_like(t) for t in self.tables]  # check 6's model
         self.table_defined = [torch.zeros_like(t, dtype=torch.bool) for t in self.tables]
         self.slot_model: torch.Tensor | None = None
+        checker.table_values = checker.table_defined = None  # host copies only while needed
         self.host_fresh = False  # the host models are the truth (after a host-checked step)
         self.fallbacks = 0  # steps the device path handed to the host checks
         checker.kv = [[DeviceKv(dev) for _ in range(checker.num_groups)] for _ in checker.kv]
@@ -88,10 +89,9 @@ class DeviceChecker:
         c = self.c
         if self.host_fresh:
             return
-        c.slot_model = None if self.slot_model is None else self.slot_model.cpu().numpy()
-        for g in range(c.num_groups):
-            c.table_values[g][:] = self.table_values[g].cpu().numpy()
-            c.table_defined[g][:] = self.table_defined[g].cpu().numpy()
+        c.slot_model = None if self.slot_model is None else _host(self.slot_model).copy()
+        c.table_values = [_host(t).copy() for t in self.table_values]
+        c.table_defined = [_host(t).copy() for t in self.table_defined]
         self.host_fresh = True
 
     def _push(self) -> None:
@@ -102,6 +102,7 @@ class DeviceChecker:
         for g in range(c.num_groups):
             self.table_values[g].copy_(torch.from_numpy(c.table_values[g]))
             self.table_defined[g].copy_(torch.from_numpy(c.table_defined[g]))
+        c.slot_model = c.table_values = c.table_defined = None
         self.host_fresh = False
 
     def mirror(self, step: Step) -> None:

@@ -38,7 +38,12 @@ CPU = torch.device("cpu")
 
 
 def _both(
-    name: str, steps: int, corrupt: Corrupt | None = None, seed: int = 0, impl=StandInBlockTables
+    name: str,
+    steps: int,
+    corrupt: Corrupt | None = None,
+    seed: int = 0,
+    impl=StandInBlockTables,
+    forget_at: int | None = None,
 ) -> tuple[GroupChecker, GroupChecker]:
     preset = presets.PRESETS[name].with_overrides(num_steps=steps)
     workload = generate(preset, seed)
@@ -58,6 +63,9 @@ def _both(
         executors.append(_Executor(made, preset, CPU))
     host, dev = GroupChecker(preset, workload), GroupChecker(preset, workload, device=CPU)
     for step in workload.steps:
+        if step.index == forget_at:  # as after a sleep (SPEC.md 8.4): no past to compare with
+            host.forget_persistent()
+            dev.forget_persistent()
         try:
             outs = [e.run(step) for e in executors]
         except Exception:  # noqa: BLE001 - a wrong implementation raised: the run stops here
@@ -99,6 +107,12 @@ def test_correct_outputs_pass_on_the_device_alone(name):
     _assert_same(host, dev)
     assert host.violations == [] and dev.dev.fallbacks == 0
     assert dev.tokens_checked > 0 or name == "groups-0"
+
+
+def test_forgetting_the_persistent_buffers_mid_run_keeps_both_paths_alike():
+    host, dev = _both("default", 16, _padding_row, forget_at=7)
+    assert host.violations
+    _assert_same(host, dev)
 
 
 # ---------------------------------------------------------------- planted defects
