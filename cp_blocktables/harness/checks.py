@@ -255,7 +255,11 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
                 )
                 mine = slots != PAD_SLOT_ID
                 tags = (req.uid << _TAG_SHIFT) | pos[mine]
-                self.kv[k][g].update(zip(slots[mine].tolist(), tags.tolist(), strict=True))
+                cache = self.kv[k][g]
+                if self.dev is not None:  # a DeviceKv: the arrays in one write
+                    cache.put(torch.from_numpy(slots[mine]), torch.from_numpy(tags))
+                else:
+                    cache.update(zip(slots[mine].tolist(), tags.tolist(), strict=True))
 
     # ------------------------------------------------------------ results
 
