@@ -246,6 +246,7 @@ class _PresetRun:
             self.totals.steps += 1
             self.totals.tokens += step.num_tokens if step.kind == "real" else 0
             if checker is not None:
+                t = time.monotonic()
                 if checker.dev is None:
                     (slots, tables), aux = executor.split_all(parts)
                 else:  # the outputs stay where they were gathered
