@@ -17,6 +17,13 @@ def _add_harness_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cp-size", type=positive(int), default=None, help="as for verify")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument(
+        "--checks",
+        choices=("both", "host", "device", "auto"),
+        default="both",
+        help="where the leader checks: both (host, then device, side by side; default), "
+        "host (numpy), device (torch on the rank's device) or auto (as verify)",
+    )
 
 
 def _run_harness(args: argparse.Namespace) -> int:
@@ -34,6 +41,7 @@ def _run_harness(args: argparse.Namespace) -> int:
             cp_size=args.cp_size,
             backend=args.backend,
             device=args.device,
+            checks=("host", "device") if args.checks == "both" else (args.checks,),
         )
     )
 
@@ -64,7 +72,7 @@ def _run_plugin(args: argparse.Namespace) -> int:
 
 
 HARNESS = Subcommand(
-    "the harness on CPU: wall time, verified tokens/s and peak RSS per rank",
+    "the harness: wall time, verified tokens/s and peak RSS per rank, host and device checks",
     _add_harness_arguments,
     _run_harness,
 )

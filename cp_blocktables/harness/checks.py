@@ -18,12 +18,14 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import torch
 
 from .. import reference
 from ..contract import PAD_SLOT_ID
 from .checks_kv import _KvChecks
 from .checks_slots import _SlotChecks
 from .checks_tables import _TableChecks
+from .device_checks import DeviceChecker
 from .presets import Preset
 from .violations import (  # noqa: F401 - re-exported: checks is where callers look
     _PER_STEP_REPORTS,
@@ -46,7 +48,13 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
     first few per check, group and step (all are counted in `counts`).
     """
 
-    def __init__(self, preset: Preset, workload: Workload, max_kept: int = 200) -> None:
+    def __init__(
+        self,
+        preset: Preset,
+        workload: Workload,
+        max_kept: int = 200,
+        device: torch.device | str | None = None,
+    ) -> None:
         self.preset = preset
         self.workload = workload
         self.cp_size = preset.cp_size
@@ -76,6 +84,9 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
         self.first_failed_step: int | None = None
         self.plot_group = self._pick_plot_group()
         self.plot_points: list[tuple[int, int]] = []
+        # With a device, checks run as torch reductions there (`device_checks`); the host
+        # checks below then only word what the device found, and run dummy steps.
+        self.dev = None if device is None else DeviceChecker(self, torch.device(device))
 
     # ------------------------------------------------------------ entry points
 
@@ -83,6 +94,8 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
         """The implementation's device memory was discarded (sleep mode, SPEC.md 8.4):
         the persistent forward-pass tables and slot mappings hold nothing defined
         until a call writes them again, so no check compares against their past."""
+        if self.dev is not None:
+            self.dev.pull()
         self.slot_model = None
         for defined in self.table_defined:
             defined[:] = False
@@ -100,13 +113,32 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
 
         `slots` `[cp, groups, max_tokens]`, `tables[g]` `[cp, rows, w]`: the
         persistent buffers after the step; `aux`: the caller-owned buffers the
-        step passed as `out` (same shapes), when it did.
+        step passed as `out` (same shapes), when it did. numpy arrays, or with
+        a device checker torch tensors (`device_checks.split_on_device`).
         """
         found = list(local)
         found += agreement_violations(
             [{"block_table_digest": d} for d in digests], "gathered block tables", step.index
         )
         self._apply_events(step)
+        if self.dev is not None:
+            self.dev.mirror(step)
+            found += self.dev.check(step, slots, tables, aux)
+        else:
+            found += self._host_body(step, slots, tables, aux)
+        self.steps_checked += 1
+        self.record(found)
+        return found
+
+    def _host_body(
+        self,
+        step: Step,
+        slots: np.ndarray,
+        tables: list[np.ndarray],
+        aux: tuple[np.ndarray, list[np.ndarray]] | None,
+    ) -> list[Violation]:
+        """Checks 1-6 of one step in numpy, after the step's events are applied."""
+        found = []
         if step.kind == "dummy":
             found += self._check_dummy(step, slots, tables)
         else:
@@ -130,16 +162,19 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
             found += self._check_tables(step, tables, out_tables)
             if step.kind == "real":
                 self._write_kv(step, produced)
-                found += self.read_back(step.index, step.finished)
+                found += self._read_back_host(step.index, step.finished)
                 self.tokens_checked += int(
                     (step.uids >= 0).astype(np.int64) @ np.diff(step.query_start_loc)
                 )
-        self.steps_checked += 1
-        self.record(found)
         return found
 
     def read_back(self, step_index: int, finished: list[Finished]) -> list[Violation]:
         """Check 5 for requests whose last token is written: read every rank back."""
+        if self.dev is not None:
+            return self.dev.read_back(step_index, finished)
+        return self._read_back_host(step_index, finished)
+
+    def _read_back_host(self, step_index: int, finished: list[Finished]) -> list[Violation]:
         found = []
         for req in finished:
             for g in range(self.num_groups):
@@ -220,7 +255,11 @@ class GroupChecker(_SlotChecks, _KvChecks, _TableChecks):
                 )
                 mine = slots != PAD_SLOT_ID
                 tags = (req.uid << _TAG_SHIFT) | pos[mine]
-                self.kv[k][g].update(zip(slots[mine].tolist(), tags.tolist(), strict=True))
+                cache = self.kv[k][g]
+                if self.dev is not None:  # a DeviceKv: the arrays in one write
+                    cache.put(torch.from_numpy(slots[mine]), torch.from_numpy(tags))
+                else:
+                    cache.update(zip(slots[mine].tolist(), tags.tolist(), strict=True))
 
     # ------------------------------------------------------------ results
 

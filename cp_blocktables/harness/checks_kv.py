@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from .. import reference
 from ..contract import PAD_SLOT_ID
@@ -24,7 +25,11 @@ class _KvChecks:
             for k in range(self.cp_size):
                 slots = actual[k, g, :n][real]
                 w = slots != PAD_SLOT_ID
-                self.kv[k][g].update(zip(slots[w].tolist(), tags[w].tolist(), strict=True))
+                cache = self.kv[k][g]
+                if self.dev is not None:  # a DeviceKv (the host checks after a device finding)
+                    cache.put(torch.from_numpy(slots[w]), torch.from_numpy(tags[w]))
+                else:
+                    cache.update(zip(slots[w].tolist(), tags[w].tolist(), strict=True))
 
     def _read_request(self, step_index: int, req: Finished, g: int) -> list[Violation]:
         bs, c, inter = self.block_sizes[g], self.group_cp[g], self.preset.cp_interleave

@@ -90,9 +90,9 @@ class _SlotChecks:
         if self.workload.plot_uid is None or step.kind != "real":
             return
         _, uids = step.token_rows()
-        for t in np.flatnonzero(uids == self.workload.plot_uid).tolist():
-            for k in np.flatnonzero(a[:, t] != PAD_SLOT_ID).tolist():
-                self.plot_points.append((int(step.positions[t]), k))
+        toks = np.flatnonzero(uids == self.workload.plot_uid)
+        i, k = np.nonzero(a[:, toks].T != PAD_SLOT_ID)  # token by token, ranks ascending
+        self.plot_points += zip(step.positions[toks[i]].tolist(), k.tolist(), strict=True)
 
     def _pick_plot_group(self) -> int | None:
         sharded = [g for g in range(self.num_groups) if self.enabled[g] and self.group_cp[g] > 1]
@@ -121,9 +121,10 @@ class _SlotChecks:
                 if warmup:
                     wrong = np.flatnonzero(blocks != NULL_BLOCK_ID)
                 else:
-                    holders = self.holders[g]
-                    owner = np.array([holders.get(b, -1) for b in blocks.tolist()], dtype=np.int64)
-                    wrong = np.flatnonzero(owner != uids[toks])
+                    get = self.holders[g].get
+                    distinct, back = np.unique(blocks, return_inverse=True)  # a block per bs slots
+                    owner = np.array([get(b, -1) for b in distinct.tolist()], dtype=np.int64)
+                    wrong = np.flatnonzero(owner[back.reshape(-1)] != uids[toks])
                 for i in wrong[:_PER_STEP_REPORTS].tolist():
                     t, b = int(toks[i]), int(blocks[i])
                     held = "the null block (warm-up)" if warmup else "a block of this request"

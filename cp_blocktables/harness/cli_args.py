@@ -54,6 +54,7 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
         help="steps per preset instead of the preset's own count",
     )
     add_world_arguments(p)
+    add_checks_argument(p)
     p.add_argument(
         "--keep-going", action="store_true", help="run every step even after a violation"
     )
@@ -95,6 +96,16 @@ def add_world_arguments(p: argparse.ArgumentParser) -> None:
         type=positive(float),
         default=120.0,
         help="seconds a collective may wait for a peer (default 120)",
+    )
+
+
+def add_checks_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--checks",
+        choices=("auto", "device", "host"),
+        default="auto",
+        help="where the CP group's leader runs the checks: torch on the rank's device, or "
+        "numpy on the host (auto: device on a GPU rank, host on a CPU rank)",
     )
 
 
@@ -162,6 +173,7 @@ def verify_options(args: argparse.Namespace):
         steps=args.steps,
         backend=args.backend,
         device=args.device,
+        checks=args.checks,
         timeout=args.timeout,
         keep_going=args.keep_going,
         fail_fast=args.fail_fast,
@@ -250,6 +262,7 @@ def add_soak_arguments(p: argparse.ArgumentParser) -> None:
     budget.add_argument("--steps", type=positive(int), default=None, help="steps verified")
     budget.add_argument("--tokens", type=positive(int), default=None, help="tokens verified")
     add_world_arguments(p)
+    add_checks_argument(p)
     p.add_argument("--report", metavar="PATH", help="write the totals and the last round as JSON")
     p.add_argument("--junit", metavar="PATH", help="write the last round's JUnit XML")
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
@@ -274,6 +287,7 @@ def soak_options(args: argparse.Namespace):
         steps=args.preset_steps,
         backend=args.backend,
         device=args.device,
+        checks=args.checks,
         timeout=args.timeout,
         fail_fast=True,
         quiet=args.quiet,

@@ -29,6 +29,7 @@ import torch
 
 from . import checks, presets, report
 from .checks import GroupChecker, Violation
+from .device_checks import split_on_device, use_device_checks
 from .dist import Comm, PeerError, RankEnv, arm_watchdog, choose_backend, disarm_watchdog
 from .executor import _Executor
 from .features import UNSUPPORTED, Accepts, constructor_kwargs, inspect_factory, missing_methods
@@ -50,6 +51,7 @@ class VerifyOptions:
     backend: str = "auto"
     timeout: float = 120.0
     device: str = "auto"
+    checks: str = "auto"  # where the leader checks: auto (device on a GPU), device, host
     keep_going: bool = False
     fail_fast: bool = False
     report_path: str | None = None
@@ -107,6 +109,9 @@ class _RankTotals:
     steps: int = 0
     busy_s: float = 0.0  # in the implementation's calls
     gather_s: float = 0.0  # moving the step's outputs to the CP group's leader
+    check_s: float = 0.0  # the leader's checks (GroupChecker.check_step)
+    warm_s: float = 0.0  # steps after a preset's first (compiles, communicators) ...
+    warm_tokens: int = 0  # ... and the tokens they verified
 
 
 class _PresetRun:
@@ -138,7 +143,12 @@ class _PresetRun:
         workload = generate(self.preset, self.seed)
         self.workload_steps = workload.steps
         impl, executor, found = self._build()
-        checker = GroupChecker(self.preset, workload) if self.is_leader else None
+        checker = None
+        if self.is_leader:
+            on_device = use_device_checks(self.opts.checks, self.comm.device)
+            checker = GroupChecker(
+                self.preset, workload, device=self.comm.device if on_device else None
+            )
         metas = self.comm.all_gather_object(
             self._start_record(workload, found),
             f"start of preset {self.preset.name}",
@@ -205,7 +215,7 @@ class _PresetRun:
         done = 0
         for step in workload.steps:
             arm_watchdog(self.opts.timeout + 60)
-            t = time.monotonic()
+            t = t_step = time.monotonic()
             try:
                 bulk, found, digest = executor.run(step)
             except Exception as e:  # noqa: BLE001
@@ -236,10 +246,18 @@ class _PresetRun:
             self.totals.steps += 1
             self.totals.tokens += step.num_tokens if step.kind == "real" else 0
             if checker is not None:
-                (slots, tables), aux = executor.split_all(parts)
+                t = time.monotonic()
+                if checker.dev is None:
+                    (slots, tables), aux = executor.split_all(parts)
+                else:  # the outputs stay where they were gathered
+                    (slots, tables), aux = split_on_device(executor, parts)
                 local = [Violation(**v) for m in metas for v in m["found"]]
                 digests = [m["digest"] for m in metas]
                 checker.check_step(step, slots, tables, local, digests, aux)
+                self.totals.check_s += time.monotonic() - t
+            if done > 1:
+                self.totals.warm_s += time.monotonic() - t_step
+                self.totals.warm_tokens += step.num_tokens if step.kind == "real" else 0
             if self.progress is not None:
                 self.progress.advance(1, f"{self.preset.name} step {step.index}")
             if any(m["error"] for m in metas) or (metas[0]["failed"] and not self.opts.keep_going):
@@ -375,8 +393,12 @@ def _run(comm: Comm, opts: VerifyOptions, t0: float) -> int:
         "steps": totals.steps,
         "busy_s": round(totals.busy_s, 3),
         "gather_s": round(totals.gather_s, 3),
+        "check_s": round(totals.check_s, 3),
+        "warm_s": round(totals.warm_s, 3),
+        "warm_tokens": totals.warm_tokens,
         "backend": comm.backend,
         "device": str(comm.device),
+        "checks": "device" if use_device_checks(opts.checks, comm.device) else "host",
     }
     gathered = comm.all_gather_object(
         {"results": [r for r in results if r], "info": rank_info}, "end of run"
