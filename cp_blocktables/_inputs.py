@@ -17,6 +17,8 @@ import torch
 from . import guards
 from .contract import INT32_MAX, BlockTablesConfig
 
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
 
 class InputChecks:
     """The checks for one `BlockTables` (its device, row count and table widths)."""
@@ -69,7 +71,8 @@ class InputChecks:
         idx_mapping: torch.Tensor,
         num_reqs_padded: int,
         num_computed_tokens: torch.Tensor | None,
-    ) -> None:
+    ) -> int:
+        """Shapes of a gather's inputs; returns `num_reqs`."""
         num_reqs = self.index_tensor("idx_mapping", idx_mapping)
         if not num_reqs <= num_reqs_padded <= self.max_num_reqs:
             raise ValueError(
@@ -78,6 +81,7 @@ class InputChecks:
             )
         if num_computed_tokens is not None:
             self.index_tensor("num_computed_tokens", num_computed_tokens, min_len=self.max_num_reqs)
+        return num_reqs
 
     def slots(
         self,
@@ -87,13 +91,20 @@ class InputChecks:
         num_tokens_padded: int,
         out: torch.Tensor | None,
         default: torch.Tensor,
+        num_reqs: int | None = None,
     ) -> torch.Tensor:
-        """Shapes of a slot mapping's inputs; returns the buffer it writes."""
-        num_reqs = self.index_tensor("idx_mapping", idx_mapping)
+        """Shapes of a slot mapping's inputs; returns the buffer it writes.
+
+        `num_reqs`: `idx_mapping` was checked by the caller (the fused reads)."""
+        if num_reqs is None:
+            num_reqs = self.index_tensor("idx_mapping", idx_mapping)
         self.index_tensor("query_start_loc", query_start_loc, exact_len=num_reqs + 1)
         self.index_tensor("positions", positions)
-        buf = default if out is None else self.out_slots(out)
-        guards.check_rows_disjoint(buf, "out")
+        if out is None:
+            buf = default  # the persistent buffer: its rows are disjoint by construction
+        else:
+            buf = self.out_slots(out)
+            guards.check_rows_disjoint(buf, "out")
         if not 0 <= num_tokens_padded <= buf.shape[1]:
             raise ValueError(
                 f"num_tokens_padded must lie in [0, {buf.shape[1]}] (the output "
@@ -111,10 +122,30 @@ class InputChecks:
     def index_tensor(
         self, name: str, t: object, exact_len: int | None = None, min_len: int = 0
     ) -> int:
-        """Shape, dtype and device of a 1-D integer input (no device sync)."""
+        """Shape, dtype and device of a 1-D integer input (no device sync).
+
+        The common case costs one combined test; messages are built only on failure.
+        """
+        if isinstance(t, torch.Tensor) and t.dtype in _INDEX_DTYPES and t.dim() == 1:
+            n = t.shape[0]
+            index = t.get_device()  # -1 on CPU; cheaper than building `t.device`
+            if (
+                (index == self._device_index or (self._device_index is None and index >= 0))
+                and (exact_len is None or n == exact_len)
+                and n >= min_len
+                and (n <= self.max_num_reqs or name != "idx_mapping")
+                and t.is_contiguous()
+            ):
+                return n
+        return self._refuse_index_tensor(name, t, exact_len, min_len)
+
+    def _refuse_index_tensor(
+        self, name: str, t: object, exact_len: int | None, min_len: int
+    ) -> int:
+        """`index_tensor`'s slow path: raise the message that names the fault."""
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
+        if t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
             raise ValueError(
                 f"{name} must be a 1-D int32 or int64 tensor, got "
                 f"{t.dtype} of shape {tuple(t.shape)}"

@@ -46,7 +46,7 @@ def _triton_interpret(value: str):
             os.environ["TRITON_INTERPRET"] = old
 
 
-def _for_backend(fn: Callable, interpret: bool) -> Callable:
+def _for_backend(fn: Callable, interpret: bool, **jit_options) -> Callable:
     """`fn` decorated by `triton.jit` for one back end, its helpers resolved for it too."""
     names = fn.__code__.co_names  # the globals (and attributes) the body names
     helpers = {
@@ -65,7 +65,12 @@ def _for_backend(fn: Callable, interpret: bool) -> Callable:
         copy.__doc__ = fn.__doc__
         fn = copy
     with _triton_interpret("1" if interpret else "0"):
-        return triton.jit(fn)
+        try:
+            return triton.jit(fn, **jit_options)
+        except TypeError:  # a Triton whose interpreter takes no such option: it needs none
+            if not jit_options:
+                raise
+            return triton.jit(fn)
 
 
 class DualFunction:
@@ -83,30 +88,48 @@ class DualFunction:
 
 
 class DualKernel:
-    """A kernel usable from CUDA and CPU tensors; pick the back end by device."""
+    """A kernel usable from CUDA and CPU tensors; pick the back end by device.
 
-    def __init__(self, fn: Callable) -> None:
+    `do_not_specialize` names scalar arguments that change from step to step
+    (batch sizes, row counts): Triton then compiles one variant for all their
+    values instead of new ones when a value happens to be 1 or a multiple of
+    16, which would stall a serving step on a compile.
+    """
+
+    def __init__(self, fn: Callable, do_not_specialize: Sequence[str] = ()) -> None:
         self.name = fn.__name__
-        self._compiled = _for_backend(fn, interpret=False)
-        self._interpreted = _for_backend(fn, interpret=True)
+        options = {"do_not_specialize": list(do_not_specialize)} if do_not_specialize else {}
+        self._compiled = _for_backend(fn, interpret=False, **options)
+        self._interpreted = _for_backend(fn, interpret=True, **options)
 
-    def launch(self, device: torch.device, grid: Sequence[int], *args, **kwargs) -> None:
-        """Run `grid` program instances on `device` (empty grids launch nothing)."""
-        if any(n == 0 for n in grid):
+    def launch(self, device: torch.device, grid: tuple[int, ...], *args, **kwargs) -> None:
+        """Run `grid` program instances on `device` (empty grids launch nothing).
+
+        The launch path is lean on purpose (it runs on the CPU's critical path
+        every step): `grid` must be a tuple.
+        """
+        if 0 in grid:
             return
         launch_counts[self.name] += 1
         if device.type == "cpu":
-            self._interpreted[tuple(grid)](*args, **kwargs)
-        elif device.index is None or device.index == torch.cuda.current_device():
-            self._compiled[tuple(grid)](*args, **kwargs)
+            self._interpreted[grid](*args, **kwargs)
+            return
+        index = device.index
+        if index is None or index == torch.cuda.current_device():
+            self._compiled[grid](*args, **kwargs)
         else:  # Triton launches on the current device
-            with torch.cuda.device(device.index):
-                self._compiled[tuple(grid)](*args, **kwargs)
+            with torch.cuda.device(index):
+                self._compiled[grid](*args, **kwargs)
 
 
-def dual_jit(fn: Callable) -> DualKernel:
-    """Decorate a kernel for both back ends."""
-    return DualKernel(fn)
+def dual_jit(
+    fn: Callable | None = None, *, do_not_specialize: Sequence[str] = ()
+) -> DualKernel | Callable[[Callable], DualKernel]:
+    """Decorate a kernel for both back ends: `@dual_jit` or
+    `@dual_jit(do_not_specialize=("num_reqs", ...))`."""
+    if fn is None:
+        return lambda f: DualKernel(f, do_not_specialize)
+    return DualKernel(fn, do_not_specialize)
 
 
 def dual_device_fn(fn: Callable) -> DualFunction:

@@ -81,3 +81,10 @@ class LayoutTensors:
             t.zero_()
         self._input_rows_written = 0
         self.slot_mappings.fill_(PAD_SLOT_ID)
+        # The slot mapping into the persistent buffer, its launch prepared once.
+        self._slot_plan = kernels.SlotMappingPlan(
+            self._layout, self.max_num_reqs, self.cp_rank, self.cp_interleave, self.slot_mappings
+        )
+        # Row slices of the forward-pass tables handed back by the reads, built once
+        # per size (see `_reads`); the slot mappings' column slices are not cached.
+        self._table_views: dict[int, tuple[torch.Tensor, ...]] = {}

@@ -63,7 +63,19 @@ class ForwardPassReads:
             )
         if self.integrity_checks:
             self._check_gathered(dst, idx_mapping, num_computed_tokens)
+        if out is None:
+            return self._table_views_of(num_reqs_padded)
         return tuple(t[:num_reqs_padded] for t in dst)
+
+    def _table_views_of(self, num_rows: int) -> tuple[torch.Tensor, ...]:
+        """`[:num_rows]` views of the persistent forward-pass tables, built once per size:
+        slicing costs about a microsecond a tensor, on the CPU's critical path."""
+        views = self._table_views.get(num_rows)
+        if views is None:
+            views = self._table_views[num_rows] = tuple(
+                t[:num_rows] for t in self.input_block_tables
+            )
+        return views
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
         """Zero persistent rows that may hold ids; returns `[:num_reqs]` views of them.
@@ -137,16 +149,19 @@ class ForwardPassReads:
         if self._validating():
             self._inputs.rows(idx_mapping)
             self._inputs.tokens(idx_mapping, query_start_loc, positions, num_tokens_padded)
-        kernels.compute_slot_mappings(
-            idx_mapping,
-            query_start_loc,
-            positions,
-            self.max_num_reqs,
-            self._layout,
-            self.cp_rank,
-            self.cp_interleave,
-            buf,
-        )
+        if out is None:
+            self._slot_plan.launch(idx_mapping, query_start_loc, positions)
+        else:
+            kernels.compute_slot_mappings(
+                idx_mapping,
+                query_start_loc,
+                positions,
+                self.max_num_reqs,
+                self._layout,
+                self.cp_rank,
+                self.cp_interleave,
+                buf,
+            )
         if self.integrity_checks:
             self._check_slots(buf, query_start_loc, idx_mapping, positions, num_tokens_padded)
         return buf[:, :num_tokens_padded]
@@ -168,10 +183,11 @@ class ForwardPassReads:
         check runs before the launch, so a refused call changes nothing.
         Returns `(tables, slot_mappings)` as the two methods would.
         """
-        self._inputs.gather(idx_mapping, num_reqs_padded, num_computed_tokens)
+        num_reqs = self._inputs.gather(idx_mapping, num_reqs_padded, num_computed_tokens)
         buf = self._inputs.slots(
-            idx_mapping, query_start_loc, positions, num_tokens_padded, None, self.slot_mappings
-        )
+            idx_mapping, query_start_loc, positions, num_tokens_padded, None, self.slot_mappings,
+            num_reqs,
+        )  # fmt: skip
         if self._validating():
             self._inputs.rows(idx_mapping)
             self._inputs.tokens(idx_mapping, query_start_loc, positions, num_tokens_padded)
@@ -195,8 +211,7 @@ class ForwardPassReads:
         if self.integrity_checks:  # the same checks, in the same order, as the two calls
             self._check_gathered(self.input_block_tables, idx_mapping, num_computed_tokens)
             self._check_slots(buf, query_start_loc, idx_mapping, positions, num_tokens_padded)
-        tables = tuple(t[:num_reqs_padded] for t in self.input_block_tables)
-        return tables, buf[:, :num_tokens_padded]
+        return self._table_views_of(num_reqs_padded), buf[:, :num_tokens_padded]
 
     # ------------------------------------------------------------ integrity (SPEC.md 8.3)
 

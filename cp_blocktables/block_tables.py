@@ -23,6 +23,8 @@ is silent are listed in docs/contract-notes.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
+from operator import add, gt
 
 import numpy as np
 import torch
@@ -32,13 +34,27 @@ from ._inputs import InputChecks
 from ._layout_tensors import LayoutTensors
 from ._reads import ForwardPassReads
 from .buffers import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor
-from .contract import NULL_BLOCK_ID, PAD_SLOT_ID, BlockTablesConfig
+from .contract import INT32_MAX, NULL_BLOCK_ID, PAD_SLOT_ID, BlockTablesConfig
 
 
 def _expand(ids: Sequence[int], m: int) -> list[int]:
     """Allocator ids to kernel ids: `b` becomes `b*m, b*m+1, ..., b*m+m-1`, in order."""
     kernel_ids = np.asarray(ids, dtype=np.int64)[:, None] * m + np.arange(m, dtype=np.int64)
     return kernel_ids.ravel().tolist()
+
+
+_INT_TYPES = frozenset({int})  # the ids' types that need no closer look
+
+
+def _refuse_id_types(req_index: int, new_block_ids: Sequence[Sequence]) -> None:
+    """Raise `ValueError` unless every id is an integer (numpy integers too, bools not)."""
+    for g, ids in enumerate(new_block_ids):
+        for v in ids:
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise ValueError(
+                    f"append_block_ids: request {req_index}, group {g}: block id {v!r} "
+                    f"is not an int"
+                )
 
 
 class BlockTables(LayoutTensors, ForwardPassReads):
@@ -121,6 +137,7 @@ class BlockTables(LayoutTensors, ForwardPassReads):
         self._expands = any(m > 1 for m in self._kernel_factors)
         self._table_widths = [cfg.table_width(g) for g in range(num_groups)]
         self._inputs = InputChecks(cfg, self.device)
+        self._zeros = [0] * num_groups  # append_block_ids' starts when overwriting
 
         self.block_tables = [
             StagedWriteTensor((max_num_reqs, w), torch.int32, self.device)
@@ -156,27 +173,54 @@ class BlockTables(LayoutTensors, ForwardPassReads):
         staged as its `m` kernel ids `b*m .. b*m+m-1` (SPEC.md 8.1) and counts
         advance by `m` per id. Either every group is staged or, on error, none.
         """
-        num_groups = self.num_kv_cache_groups
-        self._inputs.append(req_index, new_block_ids)
-        counts = self.num_blocks.np[:, req_index]  # [num_groups] view of the host truth
-        starts = [0] * num_groups if overwrite else counts.tolist()
-        factors = self._kernel_factors
-        if self._expands:
-            ends = [s + len(ids) * m for s, ids, m in zip(starts, new_block_ids, factors)]
+        if type(req_index) is not int or not 0 <= req_index < self.max_num_reqs:
+            self._inputs.append(req_index, new_block_ids)  # refuses, or passes a numpy int
+            req_index = int(req_index)
+        elif len(new_block_ids) != self.num_kv_cache_groups:
+            self._inputs.append(req_index, new_block_ids)  # refuses
+        counts = self.num_blocks.np  # [num_groups, max_num_reqs]: the host truth
+        if self._expands or self.redirect_writes_to_null_block:
+            self._append_general(req_index, new_block_ids, overwrite, counts)
+            return
+        # The common case, in C-level passes over every group at once: lengths,
+        # capacity, every id's type, the range. Every check runs before anything
+        # is staged: an error leaves no partial state.
+        if overwrite:
+            starts = self._zeros
+            ends = list(map(len, new_block_ids))
         else:
-            ends = [start + len(ids) for start, ids in zip(starts, new_block_ids)]
+            starts = counts[:, req_index].tolist()
+            ends = list(map(add, starts, map(len, new_block_ids)))
+        flat = list(chain.from_iterable(new_block_ids))
+        if not _INT_TYPES.issuperset(map(type, flat)):
+            _refuse_id_types(req_index, new_block_ids)  # unless every id is an integer
+        if any(map(gt, ends, self._table_widths)) or (
+            flat and (min(flat) < 0 or max(flat) > INT32_MAX)
+        ):
+            self._inputs.append_ends(req_index, new_block_ids, ends)  # raises: capacity, range
+        for g, (table, ids) in enumerate(zip(self.block_tables, new_block_ids)):
+            if len(ids):
+                table._stage_checked(req_index, starts[g], ids)
+            counts[g, req_index] = ends[g]
+
+    def _append_general(
+        self, req_index: int, new_block_ids: Sequence, overwrite: bool, counts: np.ndarray
+    ) -> None:
+        """`append_block_ids` with kernel-block expansion or null-block redirection."""
+        num_groups = self.num_kv_cache_groups
+        starts = [0] * num_groups if overwrite else counts[:, req_index].tolist()
+        factors = self._kernel_factors
+        ends = [s + len(ids) * m for s, ids, m in zip(starts, new_block_ids, factors)]
         # Every check runs before anything is staged: an error leaves no partial state.
+        _refuse_id_types(req_index, new_block_ids)
         self._inputs.append_ends(req_index, new_block_ids, ends)
         redirect = self.redirect_writes_to_null_block
-        if self._expands:
-            for table, start, ids, m in zip(self.block_tables, starts, new_block_ids, factors):
+        for g, (table, ids, m) in enumerate(zip(self.block_tables, new_block_ids, factors)):
+            if len(ids):
                 if redirect:
                     ids = [NULL_BLOCK_ID] * len(ids)
-                table.stage_write(req_index, start, _expand(ids, m) if m > 1 else ids)
-        else:  # the common case: no per-id work beyond the staging itself
-            for table, start, ids in zip(self.block_tables, starts, new_block_ids):
-                table.stage_write(req_index, start, [NULL_BLOCK_ID] * len(ids) if redirect else ids)
-        counts[:] = ends
+                table._stage_checked(req_index, starts[g], _expand(ids, m) if m > 1 else ids)
+            counts[g, req_index] = ends[g]
 
     def apply_staged_writes(self) -> None:
         """Make every staged write visible on the device and publish `num_blocks`."""

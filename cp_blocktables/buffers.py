@@ -304,6 +304,15 @@ class StagedWriteTensor:
             self._staged_write_starts.append(start)
             self._staged_write_cu_lens.append(end)
 
+    def _stage_checked(self, index: int, start: int, values: Sequence[int | float]) -> None:
+        """`stage_write` for a caller that has checked place and values itself
+        (`BlockTables.append_block_ids`) and passes them non-empty: no second walk."""
+        contents = self._staged_write_contents
+        contents.extend(values)
+        self._staged_write_indices.append(index)
+        self._staged_write_starts.append(start)
+        self._staged_write_cu_lens.append(len(contents))
+
     def stage_write_elem(self, index: int, value: int | float) -> None:
         """Queue one element: `gpu[index] = value` for a 1-D tensor, `gpu[index, 0]` else."""
         self.stage_write(index, 0, (value,))

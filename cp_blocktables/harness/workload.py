@@ -137,6 +137,7 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
                     self.rng.random() < p.dummy_run_prob
                     or self._overdue("dummy_run")
                     or self._overdue("profiling_writes")
+                    or self._overdue("profiled_rows_reclaimed")
                 )
             ):
                 step = self._dummy_step(s)
@@ -163,9 +164,12 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
         self.corners["dummy_run"] += 1
         n_reqs = int(self.rng.integers(1, self.cfg.max_num_reqs + 1))
         n_tokens = int(self.rng.integers(1, self.cfg.max_num_batched_tokens + 1))
-        profile = bool(self.rng.random() < self.p.profile_prob or self._overdue("profiling_writes"))
+        reclaim = self._overdue("profiled_rows_reclaimed")
+        profile = bool(
+            self.rng.random() < self.p.profile_prob or self._overdue("profiling_writes") or reclaim
+        )
         self.corners["profiling_writes"] += profile
-        if profile and self.rng.random() < 0.7:
+        if profile and (self.rng.random() < 0.7 or reclaim):
             n_reqs = self.cfg.max_num_reqs  # a profiling run takes every row, as engines do
         self.profiled_rows = n_reqs if profile else 0
         self.rows_high = n_reqs  # the rows it hands out count as written (SPEC.md section 3)

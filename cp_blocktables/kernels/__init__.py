@@ -32,11 +32,12 @@ from ._common import next_power_of_2
 from .fused_reads import _gather_and_slot_mappings_kernel, gather_and_compute_slot_mappings
 from .gather import _gather_block_tables_kernel, gather_block_tables
 from .layout import GroupLayout, refill
-from .slot_mappings import _compute_slot_mappings_kernel, compute_slot_mappings
+from .slot_mappings import SlotMappingPlan, _compute_slot_mappings_kernel, compute_slot_mappings
 from .staged_writes import _apply_writes_kernel, apply_fused_writes, apply_writes
 
 __all__ = [
     "GroupLayout",
+    "SlotMappingPlan",
     "_apply_writes_kernel",
     "_compute_slot_mappings_kernel",
     "_gather_and_slot_mappings_kernel",

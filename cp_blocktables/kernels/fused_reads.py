@@ -11,7 +11,11 @@ from .layout import GroupLayout
 from .slot_mappings import map_slots, slot_mapping_launch_args
 
 
-@dual_jit
+@dual_jit(
+    do_not_specialize=(
+        "num_reqs", "num_rows", "s_num_reqs", "num_positions", "gather_programs"
+    )
+)  # fmt: skip
 def _gather_and_slot_mappings_kernel(
     # the gather's arguments (see gather_rows)
     idx_mapping,
@@ -106,6 +110,10 @@ def _gather_and_slot_mappings_kernel(
         )
 
 
+_FUSED_META: dict[tuple[int, int], dict] = {}
+"""The two launchers' constexprs merged, once per pair of (cached) constexpr dicts."""
+
+
 def gather_and_compute_slot_mappings(
     idx_mapping: torch.Tensor,
     num_rows: int,
@@ -156,12 +164,10 @@ def gather_and_compute_slot_mappings(
     # fills ROWS destination rows of group q % num_groups (row block
     # q // num_groups); program gather_programs + i maps tokens
     # [i * TILE, (i + 1) * TILE) of `out` for every group.
+    key = (id(g_meta), id(s_meta))  # both are cached per launch shape, so ids are stable
+    meta = _FUSED_META.get(key)
+    if meta is None:
+        meta = _FUSED_META[key] = {**g_meta, **s_meta}
     _gather_and_slot_mappings_kernel.launch(
-        out.device,
-        (gather_programs + slot_programs,),
-        *g_args,
-        *s_args,
-        gather_programs,
-        **g_meta,
-        **s_meta,
+        out.device, (gather_programs + slot_programs,), *g_args, *s_args, gather_programs, **meta
     )

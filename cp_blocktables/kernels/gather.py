@@ -10,7 +10,7 @@ import torch
 import triton.language as tl
 
 from .._jit import dual_device_fn, dual_jit
-from ._common import cdiv, next_power_of_2, on_cpu
+from ._common import cdiv, next_power_of_2
 
 
 @dual_device_fn
@@ -66,7 +66,7 @@ def gather_rows(
         tl.store(dst + b[:, None].to(tl.int64) * dst_stride + cols[None, :], v, mask=m)
 
 
-@dual_jit
+@dual_jit(do_not_specialize=("num_reqs", "num_rows"))
 def _gather_block_tables_kernel(
     idx_mapping,
     num_reqs,
@@ -111,6 +111,22 @@ def _gather_block_tables_kernel(
     )
 
 
+_GATHER_META: dict[tuple, tuple[int, dict]] = {}
+"""`(rows per program, constexprs)` per launch shape: computed once, not on every call."""
+
+
+def _gather_meta(on_host: bool, max_width: int, mask_window: bool) -> tuple[int, dict]:
+    key = (on_host, max_width, mask_window)
+    found = _GATHER_META.get(key)
+    if found is None:
+        budget, max_cols = (16384, 4096) if on_host else (2048, 512)
+        cols = min(next_power_of_2(max_width), max_cols)
+        rows = max(1, budget // cols)
+        meta = dict(MAX_WIDTH=max_width, MASK_WINDOW=mask_window, ROWS=rows, COLS=cols)
+        found = _GATHER_META[key] = (rows, meta)
+    return found
+
+
 def gather_launch_args(
     idx_mapping: torch.Tensor,
     num_rows: int,
@@ -128,10 +144,8 @@ def gather_launch_args(
 ) -> tuple[tuple[int, int], tuple, dict]:
     """`(grid, args, constexprs)` of a gather: grid `(row blocks, num_groups)`."""
     num_groups = src_ptrs.shape[0]
-    budget, max_cols = (16384, 4096) if on_cpu(idx_mapping.device) else (2048, 512)
-    cols = min(next_power_of_2(max_width), max_cols)
-    rows = max(1, budget // cols)
     mask_window = num_computed_tokens is not None
+    rows, meta = _gather_meta(idx_mapping.is_cpu, max_width, mask_window)
     args = (
         idx_mapping,
         idx_mapping.shape[0],
@@ -148,7 +162,6 @@ def gather_launch_args(
         reaches,
         num_computed_tokens if mask_window else idx_mapping,
     )
-    meta = dict(MAX_WIDTH=max_width, MASK_WINDOW=mask_window, ROWS=rows, COLS=cols)
     return (cdiv(num_rows, rows), num_groups), args, meta
 
 

@@ -110,7 +110,7 @@ def map_slots(
         tl.store(out + g * out_stride + t, slot, mask=t < out_len)
 
 
-@dual_jit
+@dual_jit(do_not_specialize=("num_reqs", "num_positions"))
 def _compute_slot_mappings_kernel(
     idx_mapping,
     num_reqs,
@@ -158,6 +158,31 @@ def _compute_slot_mappings_kernel(
     )
 
 
+_SLOT_META: dict[tuple, tuple[int, dict]] = {}
+"""`(programs, constexprs)` per launch shape: computed once, not on every call."""
+
+
+def _slot_mapping_meta(
+    on_host: bool, num_groups: int, out_len: int, layout: GroupLayout, cp_interleave: int,
+    max_num_reqs: int,
+) -> tuple[int, dict]:  # fmt: skip
+    key = (on_host, num_groups, out_len, layout.pow2, layout.max_span, cp_interleave, max_num_reqs)
+    found = _SLOT_META.get(key)
+    if found is None:
+        tile, warps = _slot_mapping_tile(torch.device("cpu" if on_host else "cuda"), out_len)
+        meta = dict(
+            NUM_GROUPS=num_groups,
+            SEARCH_STEPS=search_steps(max_num_reqs),
+            POS32=layout.max_span < 2**31,
+            POW2=layout.pow2 and is_pow2(cp_interleave),
+            PAD_ID=PAD_SLOT_ID,
+            TILE=tile,
+            num_warps=warps,
+        )
+        found = _SLOT_META[key] = ((cdiv(out_len, tile) if num_groups else 0), meta)
+    return found
+
+
 def slot_mapping_launch_args(
     idx_mapping: torch.Tensor,
     query_start_loc: torch.Tensor,
@@ -170,8 +195,9 @@ def slot_mapping_launch_args(
 ) -> tuple[int, tuple, dict]:
     """`(programs, args, constexprs)` of a slot mapping: one program per TILE tokens."""
     num_groups, out_len = out.shape
-    tile, warps = _slot_mapping_tile(out.device, out_len)
-    pow2 = layout.pow2 and is_pow2(cp_interleave)
+    programs, meta = _slot_mapping_meta(
+        out.is_cpu, num_groups, out_len, layout, cp_interleave, max_num_reqs
+    )
     args = (
         idx_mapping,
         idx_mapping.shape[0],
@@ -188,16 +214,58 @@ def slot_mapping_launch_args(
         out.stride(0),
         out_len,
     )
-    meta = dict(
-        NUM_GROUPS=num_groups,
-        SEARCH_STEPS=search_steps(max_num_reqs),
-        POS32=layout.max_span < 2**31,
-        POW2=pow2,
-        PAD_ID=PAD_SLOT_ID,
-        TILE=tile,
-        num_warps=warps,
-    )
-    return (cdiv(out_len, tile) if num_groups else 0), args, meta
+    return programs, args, meta
+
+
+class SlotMappingPlan:
+    """A slot mapping into one fixed output buffer, prepared once (per layout build).
+
+    Everything but the batch is bound here: per call only `idx_mapping`,
+    `query_start_loc`, `positions` and their sizes reach the launch. Same
+    kernel, same arguments as `compute_slot_mappings`.
+    """
+
+    def __init__(
+        self,
+        layout: GroupLayout,
+        max_num_reqs: int,
+        cp_rank: int,
+        cp_interleave: int,
+        out: torch.Tensor,
+    ) -> None:
+        num_groups, out_len = out.shape
+        programs, self.meta = _slot_mapping_meta(
+            out.is_cpu, num_groups, out_len, layout, cp_interleave, max_num_reqs
+        )
+        self.device = out.device
+        self.grid = (programs,)
+        self.max_num_reqs = max_num_reqs
+        self.tail = (
+            layout.table_ptrs,
+            layout.params,
+            cp_rank,
+            cp_interleave,
+            cp_interleave.bit_length() - 1,
+            out,
+            out.stride(0),
+            out_len,
+        )
+
+    def launch(
+        self, idx_mapping: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor
+    ) -> None:
+        _compute_slot_mappings_kernel.launch(
+            self.device,
+            self.grid,
+            idx_mapping,
+            idx_mapping.shape[0],
+            self.max_num_reqs,
+            query_start_loc,
+            positions,
+            positions.shape[0],
+            *self.tail,
+            **self.meta,
+        )
 
 
 def compute_slot_mappings(

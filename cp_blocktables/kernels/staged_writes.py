@@ -9,7 +9,7 @@ from .._jit import dual_jit
 from ._common import cdiv, on_cpu, search_steps
 
 
-@dual_jit
+@dual_jit(do_not_specialize=("num_writes", "num_elems"))
 def _apply_writes_kernel(
     dst,  # FUSED: uint64 [num_tensors] data pointers; else the destination tensor
     dst_strides,  # FUSED: int64 [num_tensors] row strides; else the row stride

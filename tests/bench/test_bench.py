@@ -1,4 +1,4 @@
-"""The kernel benchmark on CPU: a smoke run of the whole table, its JSON, and its byte counts."""
+"""The kernel benchmark on CPU: a smoke run of the whole table, its JSON, its byte counts."""
 
 from __future__ import annotations
 
@@ -12,10 +12,14 @@ import pytest
 import torch
 
 from cp_blocktables import BlockTablesConfig
+from cp_blocktables.bench import cases
 from cp_blocktables.bench import kernels as bench
+from cp_blocktables.bench.report import Row, goals
 
-KERNEL_KINDS = {"compute_slot_mappings", "gather_block_tables", "apply_staged_writes"}
-ALL_KINDS = KERNEL_KINDS | {"launch_floor", "copy", "integrity_checks"}
+READ_KINDS = {"compute_slot_mappings", "gather_block_tables"}
+WRITE_KINDS = {"step writes (append + apply)", "append_block_ids", "apply_staged_writes"}
+ALL_KINDS = READ_KINDS | WRITE_KINDS | {"launch_floor", "copy", "integrity_checks"}
+FUSED = "gather_and_compute_slot_mappings"
 
 
 @pytest.fixture(scope="module")
@@ -30,33 +34,55 @@ def smoke(tmp_path_factory):
 
 def test_every_row_kind_is_measured(smoke):
     rows, _, _ = smoke
-    assert {r["kind"] for r in rows} == ALL_KINDS
-    variants = {r["params"]["variant"] for r in rows if r["kind"] == "apply_staged_writes"}
-    assert variants == {"fused", "per-group"}
+    kinds = {r["kind"] for r in rows}
+    assert kinds - {FUSED} == ALL_KINDS
     slots = [r["params"] for r in rows if r["kind"] == "compute_slot_mappings"]
     assert {(p["groups"], p["cp_size"]) for p in slots} == {(1, 1), (1, 4), (4, 1), (4, 4)}
-    masked = {r["params"]["sliding_window"] for r in rows if r["kind"] == "gather_block_tables"}
-    assert masked == {False, True}
+    masked = {r["params"].get("sliding_window") for r in rows if r["kind"] == "gather_block_tables"}
+    assert masked == {None, False, True}
 
 
-def test_rows_have_sane_figures(smoke):
+def test_rows_ran_agreed_and_have_sane_figures(smoke):
     rows, _, _ = smoke
     for r in rows:
         where = f"{r['kind']} {r['case']}"
+        assert r["error"] is None, where
         assert r["cpu_figures"] is True, where
-        assert math.isfinite(r["median_us"]) and r["median_us"] > 0, where
-        assert math.isfinite(r["host_us"]) and r["host_us"] > 0, where
-        assert math.isfinite(r["floor_ratio"]) and r["floor_ratio"] > 0, where
+        assert math.isfinite(r["host_us"] or 0.0), where
         if r["kind"] == "launch_floor":
             assert r["bytes"] == 0 and r["floor_ratio"] == 1.0
             continue
-        assert r["bytes"] > 0, where
-        assert math.isclose(r["gbps"], r["bytes"] / r["median_us"] / 1e3), where
-        assert r["copy_fraction"] > 0 and math.isfinite(r["copy_fraction"]), where
-        if r["kind"] in KERNEL_KINDS:
-            assert r["agrees"] is True, f"kernel and rival disagree: {where}"
-            assert r["torch_us"] > 0 and r["torch_host_us"] > 0, where
-            assert math.isclose(r["speedup"], r["torch_us"] / r["median_us"]), where
+        if r["kind"] in READ_KINDS | {FUSED}:
+            assert r["device_us"] > 0 and r["rival_device_us"] > 0, where
+            assert math.isclose(r["device_ratio"], r["device_us"] / r["rival_device_us"]), where
+            assert math.isclose(r["host_ratio"], r["host_us"] / r["rival_host_us"]), where
+            assert r["bytes"] > 0, where
+            assert math.isclose(r["gbps"], r["bytes"] / r["device_us"] / 1e3), where
+        if r["kind"] in WRITE_KINDS:
+            assert r["host_us"] > 0 and r["rival_host_us"] > 0, where
+            assert math.isclose(r["host_ratio"], r["host_us"] / r["rival_host_us"]), where
+        if r["kind"] == "integrity_checks":
+            assert r["device_us"] > 0 and r["extra"]["kernel_us"] > 0, where
+        if r["kind"] != "copy":
+            assert r["agrees"] is True, f"ours and the rival disagree: {where}"
+
+
+def test_a_failing_row_is_recorded_and_the_run_goes_on():
+    rows = []
+    cases.guarded(rows, Row("k", "bad", {}), lambda row: 1 / 0)
+    cases.guarded(rows, Row("k", "good", {}), lambda row: setattr(row, "host_us", 1.0))
+    assert [r.case for r in rows] == ["bad", "good"]
+    assert rows[0].error.startswith("ZeroDivisionError") and rows[1].error is None
+    verdicts = goals(rows)
+    assert verdicts[-1]["status"] == "MISS" and "bad" in verdicts[-1]["figure"]
+
+
+def test_only_measures_the_families_asked_for(capsys):
+    rows = bench.run_kernel_bench("cpu", quick=True, json_path=None, only=["writes"])
+    assert {r["kind"] for r in rows} == WRITE_KINDS | {"launch_floor", "copy"}
+    capsys.readouterr()
+    with pytest.raises(ValueError, match="unknown row families"):
+        bench.run_kernel_bench("cpu", quick=True, json_path=None, only=["nope"])
 
 
 def test_json_holds_meta_rows_and_goals(smoke):
@@ -65,8 +91,8 @@ def test_json_holds_meta_rows_and_goals(smoke):
     assert data["meta"]["device"] == "cpu"
     assert data["meta"]["torch"] == torch.__version__
     assert [(r["kind"], r["case"]) for r in data["rows"]] == [(r["kind"], r["case"]) for r in rows]
-    assert len(data["goals"]) == 4
-    assert {g["status"] for g in data["goals"]} <= {"met", "missed", "not measured"}
+    assert len(data["goals"]) == 6
+    assert {g["status"] for g in data["goals"]} <= {"PASS", "MISS", "not measured"}
 
 
 def test_table_is_printed_with_the_cpu_banner(smoke):
@@ -103,10 +129,12 @@ def test_options_parse_as_the_cli_passes_them():
     assert (args.device, args.json_path, args.quick) == ("cpu", "x.json", True)
     defaults = parser.parse_args([])
     assert (defaults.device, defaults.json_path, defaults.quick) == ("auto", None, False)
+    assert defaults.only is None
+    assert parser.parse_args(["--only", "reads", "writes"]).only == ["reads", "writes"]
 
 
 def test_cuda_without_a_gpu_is_a_usage_error(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    args = argparse.Namespace(device="cuda", json_path=None, quick=True)
+    args = argparse.Namespace(device="cuda", json_path=None, quick=True, only=None)
     assert bench.bench_kernels_command(args) == 2
     assert "no CUDA device" in capsys.readouterr().err
