@@ -70,8 +70,13 @@ class Timer:
             return 1
         return max(2, min(_MAX_SETS, math.ceil(2 * self.l2_bytes / max(set_bytes, 1))))
 
-    def time(self, calls: Sequence[Callable[[], object]], host: bool = True) -> Timing:
-        """Device and host time of one call, rotating over `calls` (one per input copy)."""
+    def time(
+        self, calls: Sequence[Callable[[], object]], host: bool = True, graph: bool = True
+    ) -> Timing:
+        """Device and host time of one call, rotating over `calls` (one per input copy).
+
+        `graph=False` for calls that synchronise: a refused capture can leave the
+        CUDA generator's capture state behind, and the next random op then fails."""
         for call in calls:  # compile, fill caches, write every output once
             call()
         if not self.cuda:
@@ -84,6 +89,8 @@ class Timer:
             return Timing(us, us, "wall")
         torch.cuda.synchronize(self.device)
         try:
+            if not graph:
+                raise RuntimeError("not captured: the call synchronises")
             device_us, method = self._graph_us(calls), "graph"
         except Exception:  # noqa: BLE001 - capture is refused by calls that synchronise
             torch.cuda.synchronize(self.device)

@@ -55,6 +55,7 @@ def _rival_slot_mappings_kernel(
     out_stride,
     PAD_ID: tl.constexpr,
     TILE: tl.constexpr,
+    SPAN: tl.constexpr,  # 0: loops bounded at run time; else a constant bound (interpreter)
 ):
     g = tl.program_id(0)
     b = tl.program_id(1)
@@ -62,8 +63,8 @@ def _rival_slot_mappings_kernel(
     out_g = out + g * out_stride
     if b == num_reqs:
         num_tokens = tl.load(query_start_loc + num_reqs)
-        for i in range(num_tokens, max_num_tokens, TILE):
-            t = i + tl.arange(0, TILE)
+        for i in range(0, max_num_tokens - num_tokens if SPAN == 0 else SPAN, TILE):
+            t = num_tokens + i + tl.arange(0, TILE)
             tl.store(out_g + t, tl.full([TILE], PAD_ID, tl.int64), mask=t < max_num_tokens)
     else:
         r = tl.load(idx_mapping + b).to(tl.int64)
@@ -78,8 +79,8 @@ def _rival_slot_mappings_kernel(
         virtual = block_size * cp
         # Scalar flags enter as integers: the interpreter mis-types scalar & block bools.
         valid = tl.where((r >= 0) & (enabled != 0), 1, 0)
-        for i in range(start, end, TILE):
-            t = i + tl.arange(0, TILE)
+        for i in range(0, end - start if SPAN == 0 else SPAN, TILE):
+            t = start + i + tl.arange(0, TILE)
             m = t < end
             p = tl.load(positions + t, mask=m, other=0).to(tl.int64)
             col = p // virtual
@@ -108,6 +109,7 @@ def _rival_gather_kernel(
     num_computed_tokens,  # [max_num_reqs] (MASK_WINDOW only)
     MASK_WINDOW: tl.constexpr,
     TILE: tl.constexpr,
+    SPAN: tl.constexpr,  # 0: loops bounded at run time; else a constant bound (interpreter)
 ):
     g = tl.program_id(0)
     b = tl.program_id(1)
@@ -115,26 +117,26 @@ def _rival_gather_kernel(
     dst_row = dst + b.to(tl.int64) * tl.load(dst_strides + g)
     width = tl.load(widths + g)
     r = tl.load(idx_mapping + b, mask=b < num_reqs, other=-1).to(tl.int64)
-    if r >= 0:
-        src = tl.load(src_ptrs + g).to(tl.pointer_type(tl.int32))
-        src_row = src + r * tl.load(src_strides + g)
-        n = tl.load(num_blocks + g * num_blocks_stride + r)
+    # A real row copies its n entries; a dummy or padding row is zeroed in full.
+    # Scalar flags enter as integers: the interpreter mis-types scalar & block bools.
+    real = tl.where(r >= 0, 1, 0)
+    r = tl.where(real != 0, r, 0)  # row 0 stands in for a dummy's row: every read is masked
+    n = tl.load(num_blocks + g * num_blocks_stride + r)
+    length = tl.where(real != 0, n.to(tl.int64), width)
+    src = tl.load(src_ptrs + g).to(tl.pointer_type(tl.int32))
+    src_row = src + r * tl.load(src_strides + g)
+    if MASK_WINDOW:
+        reach = tl.load(reaches + g)
+        block_size = tl.load(block_sizes + g)
+        live_from = tl.load(num_computed_tokens + r).to(tl.int64) - reach
+        live_from = tl.where(reach > 0, live_from, -1)
+    for c0 in range(0, length if SPAN == 0 else SPAN, TILE):
+        c = c0 + tl.arange(0, TILE)
+        m = c < length
+        v = tl.load(src_row + c, mask=m & ((c * 0 + real) != 0), other=0)
         if MASK_WINDOW:
-            reach = tl.load(reaches + g)
-            block_size = tl.load(block_sizes + g)
-            live_from = tl.load(num_computed_tokens + r).to(tl.int64) - reach
-            live_from = tl.where(reach > 0, live_from, -1)
-        for c0 in range(0, n, TILE):
-            c = c0 + tl.arange(0, TILE)
-            m = c < n
-            v = tl.load(src_row + c, mask=m, other=0)
-            if MASK_WINDOW:
-                v = tl.where((c + 1).to(tl.int64) * block_size <= live_from, 0, v)
-            tl.store(dst_row + c, v, mask=m)
-    else:
-        for c0 in range(0, width, TILE):
-            c = c0 + tl.arange(0, TILE)
-            tl.store(dst_row + c, tl.full([TILE], 0, tl.int32), mask=c < width)
+            v = tl.where((c + 1).to(tl.int64) * block_size <= live_from, 0, v)
+        tl.store(dst_row + c, v, mask=m)
 
 
 @dual_jit
@@ -146,17 +148,27 @@ def _rival_apply_kernel(
     cu_lens,  # int32 [num_writes] end of each write's contents (pinned on CUDA)
     contents,  # int32 [num_elems] (device memory)
     TILE: tl.constexpr,
+    SPAN: tl.constexpr,  # 0: loops bounded at run time; else a constant bound (interpreter)
 ):
     w = tl.program_id(0)
     row = tl.load(rows + w).to(tl.int64)
     start = tl.load(starts + w)
     end = tl.load(cu_lens + w)
     begin = tl.load(cu_lens + w - 1, mask=w > 0, other=0)
-    for i in range(begin, end, TILE):
-        e = i + tl.arange(0, TILE)
+    for i in range(0, end - begin if SPAN == 0 else SPAN, TILE):
+        e = begin + i + tl.arange(0, TILE)
         m = e < end
         v = tl.load(contents + e, mask=m)
         tl.store(dst + row * dst_stride + start + (e - begin), v, mask=m)
+
+
+def _interpreter_span(device: torch.device, bound: int) -> int:
+    """0 on GPUs (loops bounded at run time, as upstream's kernels are); on CPU a
+    constant bound, since some Triton interpreters (3.6) cannot loop over a loaded
+    scalar. Rounded up to a power of two to keep the interpreter's variants few."""
+    if device.type != "cpu":
+        return 0
+    return 1 << max(bound - 1, 0).bit_length()
 
 
 class _Pinned:
@@ -220,6 +232,9 @@ class _RivalTable:
             meta.dev[2 * n : 3 * n],
             contents,
             TILE=COLUMN_TILE,
+            SPAN=_interpreter_span(
+                self.device, max(b - a for a, b in zip([0, *self.cu_lens], self.cu_lens))
+            ),
         )
         self.rows.clear()
         self.starts.clear()
@@ -311,6 +326,7 @@ class UpstreamBlockTables:
             out.stride(0),
             PAD_ID=PAD_SLOT_ID,
             TILE=TOKEN_TILE,
+            SPAN=_interpreter_span(self.device, max_num_tokens),
         )
         return out
 
@@ -358,6 +374,7 @@ class UpstreamBlockTables:
             num_computed_tokens if mask else idx_mapping,
             MASK_WINDOW=mask,
             TILE=COLUMN_TILE,
+            SPAN=_interpreter_span(self.device, max(t.shape[1] for t in self.tables)),
         )
         return tuple(t[:num_rows] for t in out)
 

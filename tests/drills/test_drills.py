@@ -73,14 +73,24 @@ def test_the_drill_passes_while_the_world_shrinks_and_grows(rank, tmp_path):
     assert report["sizes"] == [4, 2, 4]
 
 
+# Size regimes (a request past 8192 tokens, rows past 2048 columns) take the harness's
+# `large-steps` preset, too slow for a drill on four interpreted ranks; `verify` catches them.
+SIZE_REGIMES = {"tokens_past_tile_dropped", "wide_rows_truncated", "tail_clear_capped"}
+DRILLED = {name: entry for name, entry in CATALOGUE.items() if name not in SIZE_REGIMES}
+
+
 @pytest.mark.ranks(4, timeout=600)
 def test_every_wrong_implementation_fails_the_drill(rank, tmp_path):
     """The harness catalogue on the presets that catch all of it; the drill catalogue and the
     correct stand-in on a preset with no harness warm-up step, so that the drill's own checks
     must catch the redirect bugs."""
-    harness_specs = [spec for spec, _ in CATALOGUE.values()]
+    harness_specs = [spec for spec, _ in DRILLED.values()]
     code_a, a = drill(
-        tmp_path, "harness", impls=harness_specs, presets=["cp1-window", "default"], fail_fast=True
+        tmp_path,
+        "harness",
+        impls=harness_specs,
+        presets=["cp1-window", "default", "kbs-cp1"],
+        fail_fast=True,
     )
     drill_specs = [STAND_IN, *(spec for spec, _ in DRILL_CATALOGUE.values())]
     code_b, b = drill(tmp_path, "drill", impls=drill_specs, presets=["cp2-i1"], steps=8)
@@ -91,7 +101,7 @@ def test_every_wrong_implementation_fails_the_drill(rank, tmp_path):
     assert verdicts[STAND_IN]["passed"], verdicts[STAND_IN]
     missed = {
         name: verdicts[spec]
-        for name, (spec, check) in {**CATALOGUE, **DRILL_CATALOGUE}.items()
+        for name, (spec, check) in {**DRILLED, **DRILL_CATALOGUE}.items()
         if verdicts[spec]["passed"] or str(check) not in verdicts[spec]["failed_checks"]
     }
     assert missed == {}, f"not caught by the check they break: {missed}"
