@@ -5,7 +5,7 @@ allocator per group) and moves requests through it: admission into a free row
 (finished requests' rows are reused), blocks from the allocator as a request
 grows, sliding-window blocks freed once wholly below the window, progress after
 a step (speculative tokens partly rejected) and release when a request
-finishes. Batch assembly lives in `workload`.
+finishes. Batch assembly lives in `batch_shape`, the step loop in `workload`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """What a harness run tells a person: terminal summary, JSON, JUnit XML, ownership plot.
 
 `RunReport` takes the per-(implementation, preset, CP group) result dicts that
-the ranks all-gathered and renders them. The terminal gets a table per preset,
-group and rank (tokens owned vs expected, duplicates, misses, wrong slots, KV
-read back, steps), the corner counts, per-rank time and memory, the verdict,
-and the first violation with a one-line command that reproduces it.
+the ranks all-gathered, decides the verdict and emits it. The terminal gets a
+table per preset, group and rank (tokens owned vs expected, duplicates,
+misses, wrong slots, KV read back, steps), the corner counts, per-rank time and
+memory, the verdict, and the first violation with a one-line command that
+reproduces it. The table, JSON and JUnit renderings are in `report_formats`,
+the ownership plot in `report_plot`; `Progress` is the bar shown meanwhile.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import json
 import os
 import sys
 import time
-import xml.etree.ElementTree as ET
 from typing import TextIO
 
-from .checks import CHECKS, Violation
+from .checks import Violation
+from .report_formats import _Formats
 
 
 class Progress:
@@ -47,15 +49,8 @@ class Progress:
             self.stream.flush()
 
 
-def _group_kind(g: dict, cp_size: int) -> str:
-    if not g["enabled"]:
-        return "disabled"
-    kind = "sharded" if g["sharded"] and cp_size > 1 else "unsharded" if cp_size > 1 else "cp1"
-    return kind + (f"+win{g['window']}" if g["window"] else "")
-
-
-class RunReport:
-    """All results of one run and the ways to show them."""
+class RunReport(_Formats):
+    """All results of one run: the verdict, and where it goes (`emit`); renderings in `_Formats`."""
 
     def __init__(
         self, opts, world_size: int, backend: str, results: list[dict], ranks: list[dict]
@@ -131,7 +126,7 @@ class RunReport:
             parts += ["--impl", result["impl"]]
         return " ".join(parts)
 
-    # ------------------------------------------------------------ rendering
+    # ------------------------------------------------------------ output
 
     def emit(self, out: TextIO | None = None) -> None:
         out = out or sys.stdout
@@ -143,70 +138,6 @@ class RunReport:
             _write(self.opts.junit_path, self.junit())
         if self.opts.plot_path:
             self.plot(self.opts.plot_path)
-
-    def render(self) -> str:
-        lines = [
-            f"cp-blocktables verify: world size {self.world_size}, backend {self.backend}, "
-            f"seed {self.opts.seed}"
-        ]
-        for note in self.opts.skipped:
-            lines.append(f"skipped: {note}")
-        header = (
-            f"{'preset':<16} {'seed':>4} {'grp':>3} {'kind':<14} {'rank':>4} "
-            f"{'owned/expected':>17} {'dup':>4} {'miss':>4} {'wrong':>5} "
-            f"{'read back':>15} {'steps':>5}"
-        )
-        current_impl = None
-        for r in self.results:
-            if r["impl"] != current_impl:
-                current_impl = r["impl"]
-                lines += ["", f"implementation {current_impl}", header, "-" * len(header)]
-            for s in r["stats"]:
-                g = r["groups"][s["group"]]
-                lines.append(
-                    f"{r['preset']:<16} {r['seed']:>4} {s['group']:>3} "
-                    f"{_group_kind(g, r['cp_size']):<14} {s['rank']:>4} "
-                    f"{s['owned']:>8}/{s['expected']:<8} {s['duplicates']:>4} {s['misses']:>4} "
-                    f"{s['wrong_slots']:>5} {s['read_back']:>7}/{s['read_expected']:<7} "
-                    f"{r['steps_checked']:>5}"
-                )
-        lines += ["", "corners reached (summed over CP groups; * = promised by the preset):"]
-        lines += self._corner_lines()
-        lines += [
-            "",
-            "per rank: "
-            + "; ".join(
-                f"rank {i['rank']} ({i.get('backend', '?')}, {i.get('device', '?')}): "
-                f"{i['wall_s']:.1f} s, {i['max_rss_mb']:.0f} MB peak RSS, {i['tokens']} tokens, "
-                f"{1e3 * i.get('gather_s', 0.0) / max(i.get('steps', 0), 1):.2f} ms gather a step"
-                for i in self.ranks
-            ),
-        ]
-        lines += [""] + self._verdict_lines()
-        return "\n".join(lines) + "\n"
-
-    def _corner_lines(self) -> list[str]:
-        lines, seen = [], {}
-        for r in self.results:
-            key = r["preset"]
-            agg = seen.setdefault(
-                key,
-                {
-                    "corners": {},
-                    "promised": set(r["promised"]),
-                    "missing": set(r["missing_corners"]) if r["coverage_enforced"] else set(),
-                },
-            )
-            for c, n in r["corners"].items():
-                agg["corners"][c] = agg["corners"].get(c, 0) + n
-        for name, agg in seen.items():
-            items = [
-                f"{c}{'*' if c in agg['promised'] else ''}={n}"
-                for c, n in agg["corners"].items()
-                if n or c in agg["promised"]
-            ]
-            lines.append(f"  {name}: " + ", ".join(items))
-        return lines
 
     def unsupported_lines(self) -> list[str]:
         """Presets and checks skipped because the implementation lacks what they need."""
@@ -253,91 +184,6 @@ class RunReport:
                 lines.append(f"  (cp rank {v['rank']} is global rank {first['ranks'][v['rank']]})")
         lines.append(f"reproduce: {self.repro(first)}")
         return lines
-
-    def as_dict(self) -> dict:
-        opts = {k: v for k, v in vars(self.opts).items()}
-        return {
-            "passed": self.passed(),
-            "world_size": self.world_size,
-            "backend": self.backend,
-            "options": opts,
-            "checks": CHECKS,
-            "implementations": self.impl_verdicts(),
-            "ranks": self.ranks,
-            "results": [
-                dict(r, failures=self.failures(r), repro=self.repro(r)) for r in self.results
-            ],
-        }
-
-    def junit(self) -> str:
-        suite = ET.Element("testsuite", name="cp-blocktables verify")
-        cases = failures = 0
-        for r in self.results:
-            for k, rank in enumerate(r["ranks"]):
-                cases += 1
-                case = ET.SubElement(
-                    suite,
-                    "testcase",
-                    classname=f"verify.{r['impl']}",
-                    name=f"{r['preset']}[seed {r['seed']}, rank {rank}]",
-                    time=f"{r['wall_s']:.3f}",
-                )
-                mine = [v for v in r["violations"] if v["rank"] in (k, None)]
-                text = [Violation(**v).describe() for v in mine[:1]]
-                if r["coverage_enforced"] and r["missing_corners"]:
-                    text.append(f"missing corners: {', '.join(r['missing_corners'])}")
-                if text:
-                    failures += 1
-                    f = ET.SubElement(case, "failure", message=text[0])
-                    f.text = "\n".join(text + [f"reproduce: {self.repro(r)}"])
-        suite.set("tests", str(cases))
-        suite.set("failures", str(failures))
-        return ET.tostring(suite, encoding="unicode") + "\n"
-
-    def plot(self, path: str) -> None:
-        """PNG of which rank wrote each position of one request (the interleave, visible)."""
-        candidates = [r for r in self.results if r["plot"]]
-        if not candidates:
-            print("cp-blocktables: --plot: no request to plot", file=sys.stderr)
-            return
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import numpy as np
-
-        chosen = max(
-            candidates, key=lambda r: (r["plot"]["cp_size"] > 1, r["plot"]["interleave"] > 1)
-        )
-        p = chosen["plot"]
-        c, bs, inter = p["cp_size"], p["block_size"], p["interleave"]
-        span = min(max(pos for pos, _ in p["points"]) + 1, 4 * bs * c)
-        grid = np.zeros((c, span))
-        for pos, k in p["points"]:
-            if pos < span:
-                grid[k, pos] += 1
-        fig, ax = plt.subplots(figsize=(12, 1.0 + 0.45 * c))
-        ax.imshow(
-            grid,
-            aspect="auto",
-            cmap="Blues",
-            vmin=0,
-            vmax=max(1, grid.max()),
-            interpolation="nearest",
-        )
-        for x in range(0, span, bs * c):
-            ax.axvline(x - 0.5, color="red", linewidth=0.8)
-        ax.set_yticks(range(c), [f"rank {k}" for k in range(c)])
-        ax.set_xlabel("position (red lines: virtual block boundaries)")
-        ax.set_title(
-            f"{chosen['preset']}: request {p['request']}, group {p['group']}, "
-            f"cp_size {c}, interleave {inter}, block size {bs}: rank that wrote each "
-            f"position",
-            fontsize=9,
-        )
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
 
 
 def _write(path: str, text: str) -> None:

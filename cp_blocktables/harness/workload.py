@@ -15,6 +15,10 @@ Determinism: the output depends only on `(preset, seed)`, so every rank
 generates it alone and the ranks compare `Workload.digest` before they start.
 Every corner of SPEC.md section 6 that a step reaches is counted in
 `Workload.corners`.
+
+The generator is assembled from mixins: the request life cycle and the
+appends' shape (`lifecycle`), the batch's shape (`batch_shape`) and the
+corner counts (`corner_counts`); this module holds the steps and the loop.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .batch_shape import _BatchShape
+from .corner_counts import _CornerCounts
 from .lifecycle import (  # noqa: F401 - Append, Finished, Release are re-exported
     Append,
     Finished,
@@ -32,9 +38,6 @@ from .lifecycle import (  # noqa: F401 - Append, Finished, Release are re-export
     _Writes,
 )
 from .presets import Preset
-
-_GARBAGE = 2**40
-"""Upper bound of the junk written where the contract says a value is never read."""
 
 
 @dataclass
@@ -110,7 +113,14 @@ class Workload:
         return sorted(c for c in self.preset.corners if self.corners.get(c, 0) == 0)
 
 
-class _Generator(_LifeCycle, _Writes):
+class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
+    """The seeded scheduler: which kind each step is, what it schedules, its digest.
+
+    Requests move through `_LifeCycle`, their appends through `_Writes`; a
+    step's batch is shaped by `_BatchShape` and its corners counted by
+    `_CornerCounts`.
+    """
+
     # ------------------------------------------------------------ steps
 
     def run(self) -> Workload:
@@ -282,142 +292,6 @@ class _Generator(_LifeCycle, _Writes):
             return 0
         self.corners["spec_decode" if n > 1 else "decode"] += 1
         return n
-
-    # ------------------------------------------------------------ batch shape
-
-    def _batch(self, step: Step, entries: list[tuple[int, int, int, int]]) -> Step:
-        """Order, dummies and padding; fills the step's arrays. Entries: (uid, row, start, n)."""
-        p, rng, cfg = self.p, self.rng, self.cfg
-        if rng.random() < p.shuffle_prob:
-            entries = [entries[i] for i in rng.permutation(len(entries)).tolist()]
-        else:
-            entries = sorted(entries, key=lambda e: e[1])
-        dummies = rng.random() < p.dummy_req_prob or self._overdue("dummy_request")
-        if step.kind == "real" and dummies:
-            for _ in range(int(rng.integers(1, 3))):
-                if len(entries) < cfg.max_num_reqs:
-                    at = int(rng.integers(len(entries) + 1))
-                    entries.insert(at, (-1, -1, 0, int(rng.integers(0, 4))))
-                    self.corners["dummy_request"] += 1
-        counts = [e[3] for e in entries]
-        qsl = np.zeros(len(entries) + 1, dtype=np.int32)
-        qsl[1:] = np.cumsum(counts)
-        num_tokens = int(qsl[-1])
-        pos_parts = [
-            np.arange(e[2], e[2] + e[3], dtype=np.int64)
-            if e[0] >= 0
-            else rng.integers(0, _GARBAGE, e[3])
-            for e in entries
-        ]
-        ntp = num_tokens
-        if rng.random() < p.pad_prob:
-            ntp = min(cfg.max_num_batched_tokens, (num_tokens // 8 + 1) * 8)
-        nrp = len(entries)
-        if rng.random() < p.pad_prob:
-            nrp = min(cfg.max_num_reqs, nrp + int(rng.integers(1, 4)))
-        length = cfg.max_num_batched_tokens if rng.random() < 0.3 else ntp
-        tail = (
-            rng.integers(0, _GARBAGE, length - num_tokens)
-            if rng.random() < 0.5
-            else np.zeros(length - num_tokens, dtype=np.int64)
-        )
-        step.positions = np.concatenate([*pos_parts, tail]).astype(np.int64)
-        step.idx_mapping = np.array([e[1] for e in entries], dtype=np.int32)
-        step.uids = np.array([e[0] for e in entries], dtype=np.int64)
-        step.query_start_loc = qsl
-        step.num_tokens_padded = ntp
-        step.num_reqs_padded = nrp
-        step.nct_rows = self.nct_rows.copy()
-        self._choose_paths(step)
-        self._count_shape_corners(step, tail)
-        return step
-
-    def _choose_paths(self, step: Step) -> None:
-        """Which optional arguments this step's gather and slot mapping get."""
-        p, rng, c = self.p, self.rng, self.corners
-        nct = rng.random() < (p.nct_prob if self.pass_nct else 0.3)
-        if self._overdue("nct_absent"):
-            nct = False
-        elif self._overdue("nct_present"):
-            nct = True
-        step.num_computed_tokens = step.nct_rows.copy() if nct else None
-        c["nct_present" if nct else "nct_absent"] += 1
-        if rng.random() < p.fused_read_prob or self._overdue("fused_read"):
-            step.fused_read = True
-            c["fused_read"] += 1
-            return
-        if rng.random() < p.out_prob or self._overdue("gather_out"):
-            step.gather_out = 1
-        if rng.random() < p.out_prob or self._overdue("gather_out_ptrs"):
-            step.gather_out = 2
-        if rng.random() < p.out_prob or self._overdue("slot_out"):
-            step.slot_out = True
-        c["gather_out"] += step.gather_out == 1
-        c["gather_out_ptrs"] += step.gather_out == 2
-        c["slot_out"] += step.slot_out
-
-    def _count_shape_corners(self, step: Step, tail: np.ndarray) -> None:
-        c = self.corners
-        c["padded_tokens"] += step.num_tokens_padded > step.num_tokens
-        c["padded_reqs"] += step.num_reqs_padded > step.num_reqs
-        c["profiled_rows_reclaimed"] += step.num_reqs_padded < self.profiled_rows
-        self.profiled_rows = 0
-        c["smaller_step"] += step.num_tokens < self.prev_num_tokens
-        c["giant_shrink"] += step.num_tokens + 8192 < self.prev_num_tokens
-        c["full_batch"] += step.num_reqs == self.cfg.max_num_reqs
-        c["smaller_batch"] += step.num_reqs_padded < self.rows_high
-        c["positions_tail_garbage"] += bool(tail.any())
-        rows = step.idx_mapping[step.idx_mapping >= 0]
-        c["batch_order_shuffled"] += bool((np.diff(rows) < 0).any())
-        self.prev_num_tokens = step.num_tokens
-        self.rows_high = max(self.rows_high, step.num_reqs_padded)
-
-    def _count_step_corners(self, scheduled: list[tuple[_Request, int]]) -> None:
-        cfg, c, p = self.cfg, self.corners, self.p
-        kernel = cfg.kernel_block_sizes
-        m = [p.kernel_factor(g) for g in range(self.num_groups)]
-        if cfg.cp_size > 1:
-            for g in range(self.num_groups):
-                if cfg.dcp_sharded[g]:
-                    i, bs = cfg.cp_interleave, kernel[g]
-                    c[
-                        "interleave_1"
-                        if i == 1
-                        else "interleave_eq_block"
-                        if i == bs
-                        else "interleave_between"
-                    ] += 1
-                    c["interleave_eq_kernel"] += i == bs and m[g] > 1
-            kinds = {
-                (
-                    "disabled"
-                    if not cfg.slot_mapping_enabled[g]
-                    else "sharded"
-                    if cfg.dcp_sharded[g]
-                    else "unsharded"
-                )
-                for g in range(self.num_groups)
-            }
-            c["mixed_groups"] += len(kinds) == 3
-            c["window_configured_under_cp"] += self.pass_nct
-        c["several_block_sizes"] += len(set(cfg.block_sizes)) > 1
-        c["zero_groups"] += self.num_groups == 0
-        c["one_group"] += self.num_groups == 1
-        c["many_groups"] += self.num_groups >= 5
-        c["kernel_blocks"] += any(x > 1 for x in m)
-        c["kernel_blocks_mixed"] += any(x > 1 for x in m) and any(x == 1 for x in m)
-        for req, n in scheduled:
-            self.real_tokens += n
-            c["giant_request_step"] += n > 8192
-            for g in range(self.num_groups):
-                w, bs = self.reach[g], kernel[g]
-                if w and req.nct > w and (req.nct - w) % bs == 0:
-                    c["window_boundary"] += 1
-                c["wide_row"] += len(req.blocks[g]) * m[g] > 2048
-                if cfg.slot_mapping_enabled[g]:
-                    cols = np.arange(req.nct, req.nct + n) // self.virtual[g]
-                    blocks = np.asarray(req.blocks[g], dtype=np.int64)[cols]
-                    c["slot_past_2_31"] += int((blocks * cfg.block_sizes[g] >= 2**31).sum())
 
     def _digest(self, step: Step) -> None:
         h = self.hasher

@@ -2,12 +2,16 @@
 
 Registered as `cp_blocktables.pytest_plugin` (the `pytest11` entry point and
 `-p cp_blocktables.pytest_plugin`). `plugin` holds the hooks and fixtures,
-`pool` the reusable rank processes, `worker` what one rank process does,
-`spmd` the mode where torchrun launches the ranks, `rank_report` the verdict
-and report over every rank's outcome.
+`pool` the reusable rank processes, `pool_runner` the pooled mode (a test
+body sent to each rank of a pool), `worker` what one rank process does,
+`protocol` what the pytest process and the ranks exchange, `spmd` the mode
+where torchrun launches the ranks, `rank_report` the verdict and report over
+every rank's outcome.
 
 Imports: the core (a rank builds `BlockTables` for `block_tables_factory`) and
-nothing of the harness or drills. Registering the plugin must not import torch.
+the plugin benchmark's fixture (`cp_blocktables.bench.plugin`, re-exported as
+`bench_plugin_overhead`); nothing of the harness or drills. Registering the
+plugin must not import torch.
 """
 
 from .plugin import (

@@ -1,0 +1,85 @@
+"""Corner counting of the harness workload (SPEC.md section 6): what a step's shape reached.
+
+`_CornerCounts` counts, after a step is shaped, the corners of its batch
+(padding, a smaller step or batch, garbage in the positions' tail, shuffled
+rows) and, per scheduled request, those of the configuration and the traffic
+(interleave against block size, mixed groups, windows at their boundary,
+wide rows, slots past 2**31). A mixin of the workload generator
+(`workload._Generator`); the life cycle (`lifecycle`) and the batch shape
+(`batch_shape`) count the corners they reach themselves.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .lifecycle import _Request
+    from .workload import Step
+
+
+class _CornerCounts:
+    def _count_shape_corners(self, step: Step, tail: np.ndarray) -> None:
+        c = self.corners
+        c["padded_tokens"] += step.num_tokens_padded > step.num_tokens
+        c["padded_reqs"] += step.num_reqs_padded > step.num_reqs
+        c["profiled_rows_reclaimed"] += step.num_reqs_padded < self.profiled_rows
+        self.profiled_rows = 0
+        c["smaller_step"] += step.num_tokens < self.prev_num_tokens
+        c["giant_shrink"] += step.num_tokens + 8192 < self.prev_num_tokens
+        c["full_batch"] += step.num_reqs == self.cfg.max_num_reqs
+        c["smaller_batch"] += step.num_reqs_padded < self.rows_high
+        c["positions_tail_garbage"] += bool(tail.any())
+        rows = step.idx_mapping[step.idx_mapping >= 0]
+        c["batch_order_shuffled"] += bool((np.diff(rows) < 0).any())
+        self.prev_num_tokens = step.num_tokens
+        self.rows_high = max(self.rows_high, step.num_reqs_padded)
+
+    def _count_step_corners(self, scheduled: list[tuple[_Request, int]]) -> None:
+        cfg, c, p = self.cfg, self.corners, self.p
+        kernel = cfg.kernel_block_sizes
+        m = [p.kernel_factor(g) for g in range(self.num_groups)]
+        if cfg.cp_size > 1:
+            for g in range(self.num_groups):
+                if cfg.dcp_sharded[g]:
+                    i, bs = cfg.cp_interleave, kernel[g]
+                    c[
+                        "interleave_1"
+                        if i == 1
+                        else "interleave_eq_block"
+                        if i == bs
+                        else "interleave_between"
+                    ] += 1
+                    c["interleave_eq_kernel"] += i == bs and m[g] > 1
+            kinds = {
+                (
+                    "disabled"
+                    if not cfg.slot_mapping_enabled[g]
+                    else "sharded"
+                    if cfg.dcp_sharded[g]
+                    else "unsharded"
+                )
+                for g in range(self.num_groups)
+            }
+            c["mixed_groups"] += len(kinds) == 3
+            c["window_configured_under_cp"] += self.pass_nct
+        c["several_block_sizes"] += len(set(cfg.block_sizes)) > 1
+        c["zero_groups"] += self.num_groups == 0
+        c["one_group"] += self.num_groups == 1
+        c["many_groups"] += self.num_groups >= 5
+        c["kernel_blocks"] += any(x > 1 for x in m)
+        c["kernel_blocks_mixed"] += any(x > 1 for x in m) and any(x == 1 for x in m)
+        for req, n in scheduled:
+            self.real_tokens += n
+            c["giant_request_step"] += n > 8192
+            for g in range(self.num_groups):
+                w, bs = self.reach[g], kernel[g]
+                if w and req.nct > w and (req.nct - w) % bs == 0:
+                    c["window_boundary"] += 1
+                c["wide_row"] += len(req.blocks[g]) * m[g] > 2048
+                if cfg.slot_mapping_enabled[g]:
+                    cols = np.arange(req.nct, req.nct + n) // self.virtual[g]
+                    blocks = np.asarray(req.blocks[g], dtype=np.int64)[cols]
+                    c["slot_past_2_31"] += int((blocks * cfg.block_sizes[g] >= 2**31).sum())

@@ -1,0 +1,242 @@
+"""What a harness preset is: its KV-cache groups, its traffic knobs and the corners it promises.
+
+A preset is what a person names on the command line (`--preset cp4-interleave`).
+It fixes the KV-cache groups, the CP size and interleave, the table sizes, the
+number of steps and how often each kind of traffic occurs, and it promises a
+set of corners (SPEC.md section 6) that its workload must reach. The workload
+generator counts every corner; a preset whose run misses a promised corner
+fails (`missing_corners`).
+
+The presets themselves live in `preset_catalog` (the sweep) and
+`preset_extras` (benchmarks, mutation testing); `presets` registers them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from ..contract import INT32_MAX, BlockTablesConfig
+
+CORNERS = (
+    "interleave_1",
+    "interleave_between",
+    "interleave_eq_block",
+    "mixed_groups",
+    "several_block_sizes",
+    "prefix_cached_start",
+    "chunked_prefill",
+    "decode",
+    "spec_decode",
+    "spec_rejected",
+    "batch_order_shuffled",
+    "dummy_request",
+    "padded_tokens",
+    "padded_reqs",
+    "smaller_step",
+    "smaller_batch",
+    "row_reused",
+    "block_reused",
+    "slot_past_2_31",
+    "window_freed_reused",
+    "window_boundary",
+    "window_configured_under_cp",
+    "dummy_run",
+    "warmup_redirect",
+    "positions_tail_garbage",
+    "request_finished",
+    # Size regimes and argument paths an implementation may branch on (docs/harness.md).
+    "giant_request_step",
+    "giant_shrink",
+    "wide_row",
+    "full_batch",
+    "writes_past_max_reqs",
+    "two_appends_one_row",
+    "append_then_overwrite",
+    "gather_out",
+    "gather_out_ptrs",
+    "slot_out",
+    "nct_present",
+    "nct_absent",
+    "profiling_writes",
+    "profiled_rows_reclaimed",
+    "overflow_refused",
+    "fused_read",
+    "zero_groups",
+    "one_group",
+    "many_groups",
+    "kernel_blocks",
+    "kernel_blocks_mixed",
+    "interleave_eq_kernel",
+)
+"""Every corner the workload generator counts (SPEC.md section 6's list, spelled out)."""
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One KV-cache group: block size, DCP sharding, slot mapping on/off, sliding window.
+
+    `kernel_block_size` (SPEC.md 8.1): the attention kernel's block, dividing
+    `block_size`; 0 means equal to it (the constructor keyword is then omitted).
+    """
+
+    block_size: int
+    sharded: bool = True
+    enabled: bool = True
+    window: int = 0
+    kernel_block_size: int = 0
+
+    @property
+    def kernel(self) -> int:
+        return self.kernel_block_size or self.block_size
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A configuration and the traffic to drive through it.
+
+    `max_model_len` bounds every position any request reaches (speculative
+    tokens included); each group's table width is derived from it, so a
+    request never passes its row capacity.
+    """
+
+    name: str
+    description: str
+    groups: tuple[GroupSpec, ...]
+    cp_size: int
+    cp_interleave: int
+    num_steps: int
+    max_num_reqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    max_batch_reqs: int
+    max_prefill_chunk: int
+    max_prompt_len: int
+    max_decode_len: int
+    spec_tokens: int = 0
+    prefix_prob: float = 0.3
+    block_id_base: int = 1
+    dummy_req_prob: float = 0.3
+    pad_prob: float = 0.5
+    shuffle_prob: float = 0.7
+    dummy_run_prob: float = 0.08
+    warmup_steps: int = 0
+    fill_batches: bool = False
+    giant_prefill: int = 0
+    multi_write_prob: float = 0.25
+    overflow_prob: float = 0.04
+    out_prob: float = 0.2
+    nct_prob: float = 0.75
+    profile_prob: float = 0.7
+    fused_read_prob: float = 0.25
+    integrity_checks: bool = False
+    corners: frozenset[str] = frozenset()
+
+    def with_overrides(self, cp_size: int | None = None, num_steps: int | None = None) -> Preset:
+        """The same traffic under another CP size or step count."""
+        changes = {}
+        if cp_size is not None:
+            changes["cp_size"] = cp_size
+        if num_steps is not None:
+            changes["num_steps"] = num_steps
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def block_sizes(self) -> list[int]:
+        return [g.block_size for g in self.groups]
+
+    @property
+    def kernel_block_sizes(self) -> list[int]:
+        return [g.kernel for g in self.groups]
+
+    def kernel_factor(self, g: int) -> int:
+        """`m`: kernel blocks per allocator block of group `g`."""
+        return self.groups[g].block_size // self.groups[g].kernel
+
+    def constructor_needs(self) -> dict[str, str]:
+        """Constructor keywords this preset sets to something other than their default.
+
+        An implementation that does not accept one of them cannot run the preset
+        (SPEC.md section 8: reported as not supported, never as a pass).
+        """
+        needs = {}
+        if self.cp_size > 1:
+            needs["cp_size"] = needs["cp_rank"] = f"cp_size {self.cp_size}"
+        if self.cp_interleave != 1:
+            needs["cp_interleave"] = f"cp_interleave {self.cp_interleave}"
+        if not all(g.enabled for g in self.groups):
+            needs["slot_mapping_enabled"] = "a group with slot mapping disabled"
+        if self.cp_size > 1 and not all(g.sharded for g in self.groups):
+            needs["dcp_sharded"] = "an unsharded group under CP"
+        if any(g.window for g in self.groups):
+            needs["sliding_window_reach"] = "a sliding window"
+        if any(g.kernel != g.block_size for g in self.groups):
+            needs["kernel_block_sizes"] = "kernel block sizes (SPEC.md 8.1)"
+        return needs
+
+    def group_cp_size(self, g: int) -> int:
+        return self.cp_size if self.groups[g].sharded else 1
+
+    def max_num_blocks_per_group(self) -> list[int]:
+        return [
+            math.ceil(self.max_model_len / (g.block_size * self.group_cp_size(i)))
+            for i, g in enumerate(self.groups)
+        ]
+
+    def block_pool_size(self) -> int:
+        """Block ids per group: enough that allocation never runs dry."""
+        return self.max_num_reqs * max(self.max_num_blocks_per_group(), default=0) + 64
+
+    def config(self, cp_rank: int = 0) -> BlockTablesConfig:
+        """The validated constructor arguments of rank `cp_rank` (raises `ValueError`)."""
+        return BlockTablesConfig(
+            block_sizes=self.block_sizes,
+            max_num_reqs=self.max_num_reqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_blocks_per_group=self.max_num_blocks_per_group(),
+            cp_size=self.cp_size,
+            cp_rank=cp_rank,
+            cp_interleave=self.cp_interleave,
+            slot_mapping_enabled=[g.enabled for g in self.groups],
+            dcp_sharded=[g.sharded for g in self.groups],
+            sliding_window_reach=[g.window for g in self.groups],
+            kernel_block_sizes=self.kernel_block_sizes,
+        )
+
+    def validate(self) -> None:
+        """Raise `ValueError` naming what makes this preset unusable."""
+        self.config(0)
+        if self.max_batch_reqs > self.max_num_reqs:
+            raise ValueError(f"preset {self.name}: max_batch_reqs > max_num_reqs")
+        longest = self.max_prompt_len + self.max_decode_len + self.spec_tokens + 1
+        if longest > self.max_model_len:
+            raise ValueError(
+                f"preset {self.name}: prompt + decode + speculative tokens "
+                f"({longest}) exceed max_model_len={self.max_model_len}"
+            )
+        m = max((self.kernel_factor(g) for g in range(len(self.groups))), default=1)
+        end = (self.block_id_base + len(self.groups) * self.block_pool_size()) * m
+        if self.giant_prefill and (
+            self.giant_prefill > min(self.max_prefill_chunk, self.max_num_batched_tokens - 16)
+            or self.giant_prefill + self.max_decode_len + self.spec_tokens + 1 > self.max_model_len
+        ):
+            raise ValueError(
+                f"preset {self.name}: giant_prefill {self.giant_prefill} must fit one chunk, "
+                f"one step and max_model_len"
+            )
+        if self.block_id_base < 1 or end > INT32_MAX:
+            raise ValueError(
+                f"preset {self.name}: block ids [{self.block_id_base}, {end}) "
+                f"(in kernel blocks) must lie in [1, {INT32_MAX}]"
+            )
+        unknown = self.corners - set(CORNERS)
+        if unknown:
+            raise ValueError(f"preset {self.name}: unknown corners {sorted(unknown)}")
+
+    def describe(self) -> dict:
+        """Every field, for reports (JSON-ready)."""
+        d = dataclasses.asdict(self)
+        d["corners"] = sorted(self.corners)
+        d["max_num_blocks_per_group"] = self.max_num_blocks_per_group()
+        return d
