@@ -421,3 +421,57 @@ def integrity_rows(timer: Timer, cfg: dict, rng, gen) -> list[Row]:
         measure = partial(_integrity, timer, gen, tokens, batch_)
         guarded(rows, Row("integrity_checks", case, params), measure)
     return rows
+
+
+# ---------------------------------------------------------------- kernel block sizes
+
+KBS_BLOCK, KBS_KERNEL = 64, 16  # allocator block B, kernel block K (SPEC.md 8.1): m = 4
+
+
+def _kernel_blocks(timer: Timer, gen, tokens: int, batch_, row: Row) -> None:
+    """The same batch through B = 64 split into K = 16 kernel blocks, and through K == B.
+
+    The split table holds each allocator id `b` as kernel ids `b*m .. b*m+m-1`, so
+    both must give the same slot for every token (a slot is a token address)."""
+    device, m = timer.device, KBS_BLOCK // KBS_KERNEL
+    req_rows, lens, positions = batch_
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    width = int(positions.max()) // KBS_BLOCK + 1
+    whole = BlockTables([KBS_BLOCK], MAX_REQS, tokens, [width], device)
+    split = BlockTables(
+        [KBS_BLOCK], MAX_REQS, tokens, [width], device, kernel_block_sizes=[KBS_KERNEL]
+    )
+    ids = random_table_ids((MAX_REQS, width), gen, device) // m  # [max_num_reqs, width]
+    kernel_ids = ids.to(torch.int64)[:, :, None] * m + torch.arange(m, device=device)
+    whole.block_tables[0].gpu.copy_(ids)
+    split.block_tables[0].gpu.copy_(kernel_ids.reshape(MAX_REQS, width * m).to(torch.int32))
+    for bt, n in ((whole, width), (split, width * m)):
+        bt.num_blocks.np[0, :] = n
+        bt.num_blocks.copy_to_uva()
+        bt.validate_inputs = False
+    idx, qsl_t, pos = (torch.tensor(a, device=device) for a in (req_rows, qsl, positions))
+    ours = timer.time([partial(split.compute_slot_mappings, idx, qsl_t, pos, tokens)])
+    base = timer.time([partial(whole.compute_slot_mappings, idx, qsl_t, pos, tokens)])
+    row.device_us, row.host_us, row.timing = ours.device_us, ours.host_us, ours.method
+    row.agrees = torch.equal(
+        split.compute_slot_mappings(idx, qsl_t, pos, tokens).clone(),
+        whole.compute_slot_mappings(idx, qsl_t, pos, tokens),
+    )
+    row.extra.update(
+        k_eq_b_device_us=base.device_us,
+        k_eq_b_host_us=base.host_us,
+        ratio=ours.device_us / base.device_us if base.device_us > 0 else None,
+    )
+
+
+def kernel_block_rows(timer: Timer, cfg: dict, rng, gen) -> list[Row]:
+    """Slot mappings with K < B beside the same token count with K == B (issue: no dearer)."""
+    rows: list[Row] = []
+    for tokens in cfg["tokens"]:
+        if tokens > 1 << 16:
+            continue
+        params = dict(tokens=tokens, block_size=KBS_BLOCK, kernel_block_size=KBS_KERNEL)
+        row = Row("kernel_blocks", f"T={tokens_label(tokens)} B={KBS_BLOCK} K={KBS_KERNEL}", params)
+        batch_ = batch(tokens, rng, cfg.get("max_context", MAX_CONTEXT))
+        guarded(rows, row, partial(_kernel_blocks, timer, gen, tokens, batch_))
+    return rows

@@ -93,7 +93,7 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     return device
 
 
-FAMILIES = ("reads", "gathers", "writes", "integrity")
+FAMILIES = ("reads", "gathers", "writes", "integrity", "kernel-blocks")
 """Row families besides the yardsticks (always measured): `--only` picks some."""
 
 
@@ -134,6 +134,8 @@ def run_kernel_bench(
             rows += cases.write_rows(timer, plan, rng)
         if "integrity" in families:
             rows += cases.integrity_rows(timer, plan, rng, gen)
+        if "kernel-blocks" in families:
+            rows += cases.kernel_block_rows(timer, plan, rng, gen)
     finally:
         torch.set_num_threads(threads)
     floor, copy = yardsticks

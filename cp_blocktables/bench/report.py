@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 GOAL_RIVAL_RATIO = 1.0
 GOAL_DECODE_HOST_US = 10.0
+GOAL_KBS_NOISE = 0.05
 GOAL_FLOOR_RATIO = 1.5
 GOAL_COPY_FRACTION = 0.5
 
@@ -131,6 +132,16 @@ def goals(rows: list[Row]) -> list[dict]:
             "no 4M-token row in this run"
             if worst is None
             else f"worst {worst.copy_fraction:.0%} ({worst.case}, {worst.gbps:.0f} GB/s)",
+        )
+    )
+    kbs = [r for r in ok if r.kind == "kernel_blocks" and r.extra.get("ratio") is not None]
+    worst = max(kbs, key=lambda r: r.extra["ratio"], default=None)
+    out.append(
+        _verdict(
+            f"slot mappings with K < B cost no more than with K == B "
+            f"(within {GOAL_KBS_NOISE:.0%} timing noise)",
+            None if worst is None else worst.extra["ratio"] <= 1 + GOAL_KBS_NOISE,
+            "" if worst is None else f"worst {worst.extra['ratio']:.2f}x ({worst.case})",
         )
     )
     failed = [r for r in rows if r.error or r.agrees is False]

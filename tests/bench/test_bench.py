@@ -18,7 +18,7 @@ from cp_blocktables.bench.report import Row, goals
 
 READ_KINDS = {"compute_slot_mappings", "gather_block_tables"}
 WRITE_KINDS = {"step writes (append + apply)", "append_block_ids", "apply_staged_writes"}
-ALL_KINDS = READ_KINDS | WRITE_KINDS | {"launch_floor", "copy", "integrity_checks"}
+ALL_KINDS = READ_KINDS | WRITE_KINDS | {"launch_floor", "copy", "integrity_checks", "kernel_blocks"}
 FUSED = "gather_and_compute_slot_mappings"
 
 
@@ -63,6 +63,9 @@ def test_rows_ran_agreed_and_have_sane_figures(smoke):
             assert math.isclose(r["host_ratio"], r["host_us"] / r["rival_host_us"]), where
         if r["kind"] == "integrity_checks":
             assert r["device_us"] > 0 and r["extra"]["kernel_us"] > 0, where
+        if r["kind"] == "kernel_blocks":  # same slots whichever K divides B (SPEC.md 8.1)
+            base = r["extra"]["k_eq_b_device_us"]
+            assert base > 0 and math.isclose(r["extra"]["ratio"], r["device_us"] / base), where
         if r["kind"] != "copy":
             assert r["agrees"] is True, f"ours and the rival disagree: {where}"
 
