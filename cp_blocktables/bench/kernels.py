@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import triton
 
-from . import cases, report
+from . import cases, cases_features, report
 from .cases import slot_bytes as _slot_bytes  # noqa: F401 - tests count bytes through it
 from .report import CPU_BANNER  # noqa: F401 - re-exported for the command's users
 from .timing import Timer, TimingPlan
@@ -133,9 +133,9 @@ def run_kernel_bench(
         if "writes" in families:
             rows += cases.write_rows(timer, plan, rng)
         if "integrity" in families:
-            rows += cases.integrity_rows(timer, plan, rng, gen)
+            rows += cases_features.integrity_rows(timer, plan, rng, gen)
         if "kernel-blocks" in families:
-            rows += cases.kernel_block_rows(timer, plan, rng, gen)
+            rows += cases_features.kernel_block_rows(timer, plan, rng, gen)
     finally:
         torch.set_num_threads(threads)
     floor, copy = yardsticks
