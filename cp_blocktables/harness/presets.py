@@ -687,9 +687,10 @@ def resolve(names: list[str]) -> list[Preset]:
 # Mutation testing (`cp-blocktables mutate`): every mutant reruns the harness, so these three
 # are small and fast yet reach what the sweep reaches. `mutation` (cp 2) runs the kernels'
 # power-of-two fast path, every CP corner, kernel blocks under CP and five groups;
-# `mutation-cp1` the general (division) path, kernel blocks that are not powers of two,
-# sliding-window masking at its boundary and slots past 2**31; `mutation-odd` (cp 2,
-# interleave 3, one group) the general path under CP and the single-group apply path.
+# `mutation-cp1` the general (division) path without kernel blocks (the common append
+# path), sliding-window masking at its boundary and slots past 2**31; `mutation-odd` (cp 2,
+# interleave 3, one group of kernel blocks that are not powers of two) the general path
+# under CP and the single-group apply path. cp1 and odd run with integrity checks on.
 # Each promises the argument paths (out buffers, nct present and absent, profiling writes,
 # overflow refused, several appends to one row, writes past max_num_reqs). Run all three:
 # `--preset mutation --preset mutation-cp1 --preset mutation-odd` (docs/mutation.md).
@@ -743,11 +744,11 @@ _register(
 _register(
     Preset(
         name="mutation-cp1",
-        description="cp 1: block and kernel block sizes that are not powers of two (the "
-        "kernels' general path), windows whose freed blocks are reused, gathers at a window "
-        "boundary; small and fast",
+        description="cp 1: block sizes that are not powers of two (the kernels' general path) "
+        "and no kernel blocks (the common append path), windows whose freed blocks are "
+        "reused, gathers at a window boundary; small and fast",
         groups=(
-            GroupSpec(6, kernel_block_size=3),
+            GroupSpec(6),
             GroupSpec(4, window=9),
             GroupSpec(12, enabled=False),
         ),
@@ -759,7 +760,7 @@ _register(
         block_id_base=2**29 + 7,
         corners=_COMMON
         | {"profiled_rows_reclaimed"}
-        | _KERNEL
+        | {"warmup_redirect"}
         | {
             "several_block_sizes",
             "spec_decode",
