@@ -8,8 +8,11 @@ equivalent (no input can tell it apart) or a gap in the harness's workload.
 
 Invariants:
 
-* Only implementation modules are mutated (`block_tables`, `buffers`,
-  `kernels` and whatever modules `kernels` grows into), found at run time.
+* Only implementation modules are mutated: every top-level module or package
+  of `cp_blocktables` found at run time (`block_tables`, its mixins,
+  `buffers`, `kernels`, `guards`, `integrity`, ...) except an explicit list
+  of never-mutated ones (`scratch.NEVER_MUTATED`: the contract, the
+  reference, the harness and the other product subpackages, the CLI).
   They are copied into a scratch package (`cpbt_mutant`) whose imports of
   every other module (`contract`, `_jit`, ...) point at the real
   `cp_blocktables`, so the reference, checks and workload are never touched,

@@ -24,7 +24,7 @@ from pathlib import Path
 from . import outcome, scratch, session
 from .probe import INCOMPETENT_EXIT
 
-DEFAULT_PRESETS = ("mutation", "mutation-cp1")
+DEFAULT_PRESETS = ("mutation", "mutation-cp1", "mutation-odd", "groups-0")
 
 
 def add_mutate_arguments(p: argparse.ArgumentParser) -> None:

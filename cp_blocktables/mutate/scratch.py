@@ -2,8 +2,11 @@
 
 Cosmic Ray edits the files it mutates in place, so it must work on a copy.
 The copy is the package `cpbt_mutant` (by default) holding every
-implementation module (`IMPL_ROOTS`, each a module or a package, found on
-disk at run time). Relative imports are rewritten to absolute ones: a target
+implementation module: every top-level module or package of `cp_blocktables`
+found on disk at run time (`impl_roots`), except the explicit
+`NEVER_MUTATED` list (the contract, the reference, the product subpackages,
+the CLI). So a module the core is split into is copied and mutated without
+anyone having to remember to list it. Relative imports are rewritten to absolute ones: a target
 that was copied resolves inside the copy, anything else (`contract`, `_jit`,
 ...) to the real `cp_blocktables`. Rewritten statements keep their line
 numbers (padding with blank lines), so a mutant's line number is the line of
@@ -20,14 +23,53 @@ from pathlib import Path
 SOURCE_PACKAGE = "cp_blocktables"
 MUTANT_PACKAGE = "cpbt_mutant"
 
-IMPL_ROOTS: tuple[str, ...] = ("block_tables", "buffers", "kernels")
-"""The implementation: what `BlockTables` is built from. A root may be a module or a package."""
-
 NEVER_MUTATED: frozenset[str] = frozenset(
-    {"contract", "_jit", "reference", "checks", "workload", "presets", "harness", "mutate"}
+    {
+        # The yardstick: the contract, the reference and the JIT shim they share.
+        "contract",
+        "reference",
+        "_jit",
+        # The product around the implementation: harness, drills, pytest plugin, benchmarks,
+        # this tool, the command line and the package's entry points.
+        "harness",
+        "drills",
+        "pytest_plugin",
+        "bench",
+        "mutate",
+        "cli",
+        "cli_base",
+        "__init__",
+        "__main__",
+        # Names the harness had before it was a package (kept so an old layout stays safe).
+        "checks",
+        "workload",
+        "presets",
+    }
 )
-"""Top-level names that are never copied, whatever `IMPL_ROOTS` says: the contract and the
-harness are the yardstick, not the thing measured."""
+"""Top-level names of `cp_blocktables` that are never copied: the contract and the harness
+are the yardstick, not the thing measured. Every other top-level module or package is
+implementation (`BlockTables` and what it is built from: mixins, buffers, kernels, guards,
+integrity checks) and is copied and mutated. A new product module must be added here."""
+
+
+def impl_roots(source_dir: Path) -> tuple[str, ...]:
+    """Every top-level module or package of `source_dir` that is not in `NEVER_MUTATED`."""
+    names = []
+    for path in sorted(source_dir.iterdir()):
+        if path.is_file() and path.suffix == ".py":
+            name = path.stem
+        elif path.is_dir() and (path / "__init__.py").is_file():
+            name = path.name
+        else:
+            continue
+        if name.isidentifier() and name not in NEVER_MUTATED:
+            names.append(name)
+    return tuple(names)
+
+
+IMPL_ROOTS: tuple[str, ...] = impl_roots(Path(__file__).resolve().parents[1])
+"""The implementation roots of this `cp_blocktables` (each a module or a package), as
+`impl_roots` finds them; a copy of another source tree discovers its own."""
 
 
 @dataclass
@@ -68,10 +110,13 @@ class ScratchPackage:
         return chosen
 
 
-def discover_impl_modules(source_dir: Path, roots: tuple[str, ...] = IMPL_ROOTS) -> dict[str, Path]:
-    """Dotted name (relative to the package) -> file, for every module under `roots`."""
+def discover_impl_modules(
+    source_dir: Path, roots: tuple[str, ...] | None = None
+) -> dict[str, Path]:
+    """Dotted name (relative to the package) -> file, for every module under `roots`
+    (default: `impl_roots(source_dir)`)."""
     found: dict[str, Path] = {}
-    for root in roots:
+    for root in impl_roots(source_dir) if roots is None else roots:
         if root.split(".")[0] in NEVER_MUTATED:
             continue
         module_file = source_dir / f"{root}.py"
@@ -91,7 +136,10 @@ def discover_impl_modules(source_dir: Path, roots: tuple[str, ...] = IMPL_ROOTS)
 
 
 def build_scratch(
-    dest: Path, source_dir: Path, package: str = MUTANT_PACKAGE, roots: tuple[str, ...] = IMPL_ROOTS
+    dest: Path,
+    source_dir: Path,
+    package: str = MUTANT_PACKAGE,
+    roots: tuple[str, ...] | None = None,
 ) -> ScratchPackage:
     """Copy the implementation modules of `source_dir` into `dest/package`, imports rewritten."""
     modules = discover_impl_modules(source_dir, roots)
