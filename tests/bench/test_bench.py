@@ -94,7 +94,7 @@ def test_json_holds_meta_rows_and_goals(smoke):
     assert data["meta"]["device"] == "cpu"
     assert data["meta"]["torch"] == torch.__version__
     assert [(r["kind"], r["case"]) for r in data["rows"]] == [(r["kind"], r["case"]) for r in rows]
-    assert len(data["goals"]) == 6
+    assert len(data["goals"]) == 7
     assert {g["status"] for g in data["goals"]} <= {"PASS", "MISS", "not measured"}
 
 
