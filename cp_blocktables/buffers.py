@@ -81,6 +81,12 @@ class UvaBufferPool:
     view of its first `len(x)` rows. A buffer asked for more rows than it has
     is replaced by one whose first dimension is the next power of two; only the
     buffer being written is replaced, so buffers still in flight stay valid.
+
+    On CUDA a buffer is never written while the device may still read it:
+    handing out the next buffer records an event on the current stream behind
+    every kernel enqueued so far (the previous buffer's readers), and reusing
+    a buffer first waits for its event. The wait costs nothing unless the host
+    runs more than `max_concurrency` publishes ahead of the device.
     """
 
     def __init__(
@@ -97,15 +103,33 @@ class UvaBufferPool:
         self.device = _resolve_device(device)
         self._buffers = [_HostBuffer(self.size, dtype, self.device) for _ in range(max_concurrency)]
         self._next = 0
+        self._on_cuda = self.device.type == "cuda"
+        self._read_by: list = [None] * max_concurrency  # per buffer: event after its readers
+        self._last: int | None = None  # the buffer handed out last
 
     def _take(self, rows: int) -> _HostBuffer:
         i = self._next
         self._next = (i + 1) % self.max_concurrency
+        if self._on_cuda:
+            self._wait_for_readers(i)
         buf = self._buffers[i]
         if rows > buf.cpu.shape[0]:
             shape = (kernels.next_power_of_2(rows), *self.size[1:])
             buf = self._buffers[i] = _HostBuffer(shape, self.dtype, self.device)
         return buf
+
+    def _wait_for_readers(self, i: int) -> None:
+        """Mark where the last buffer's readers end; wait until buffer `i`'s have run."""
+        last = self._last
+        if last is not None:
+            event = self._read_by[last]
+            if event is None:
+                event = self._read_by[last] = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+        event = self._read_by[i]
+        if event is not None and not event.query():
+            event.synchronize()
+        self._last = i
 
     def copy_to_uva(self, x: torch.Tensor | np.ndarray | Sequence) -> torch.Tensor:
         """Publish `x` (rows along the first dimension); returns the device view."""
