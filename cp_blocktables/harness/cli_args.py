@@ -35,18 +35,7 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
         help="preset or alias (repeatable; default: sweep); see --list-presets",
     )
     p.add_argument("--seed", type=int, default=0, help="workload seed (CP group j uses seed+j)")
-    p.add_argument(
-        "--world-size",
-        type=positive(int),
-        default=4,
-        help="ranks to spawn when not under torchrun (default 4)",
-    )
-    p.add_argument(
-        "--cp-size",
-        type=positive(int),
-        default=None,
-        help="run every preset with this CP size (CP groups of the world)",
-    )
+    _add_world_size_and_cp_size(p)
     p.add_argument(
         "--steps",
         type=positive(int),
@@ -74,6 +63,22 @@ def add_verify_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="print only the verdict")
     p.add_argument("--list-presets", action="store_true", help="list presets and exit")
+
+
+def _add_world_size_and_cp_size(p: argparse.ArgumentParser) -> None:
+    """--world-size and --cp-size, the same for `verify` and `soak`."""
+    p.add_argument(
+        "--world-size",
+        type=positive(int),
+        default=4,
+        help="ranks to spawn when not under torchrun (default 4)",
+    )
+    p.add_argument(
+        "--cp-size",
+        type=positive(int),
+        default=None,
+        help="run every preset with this CP size (CP groups of the world)",
+    )
 
 
 def add_world_arguments(p: argparse.ArgumentParser) -> None:
@@ -238,18 +243,7 @@ def add_soak_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--seed", type=int, default=0, help="first round's seed (round r: seed + r * world size)"
     )
-    p.add_argument(
-        "--world-size",
-        type=positive(int),
-        default=4,
-        help="ranks to spawn when not under torchrun (default 4)",
-    )
-    p.add_argument(
-        "--cp-size",
-        type=positive(int),
-        default=None,
-        help="run every preset with this CP size (CP groups of the world)",
-    )
+    _add_world_size_and_cp_size(p)
     p.add_argument(
         "--preset-steps",
         type=positive(int),
