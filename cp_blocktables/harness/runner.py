@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import checks, presets, report
+from . import checks, presets, probes, report
 from .checks import GroupChecker, Violation
 from .device_checks import split_on_device, use_device_checks
 from .dist import Comm, PeerError, RankEnv, arm_watchdog, choose_backend, disarm_watchdog
@@ -193,6 +193,10 @@ class _PresetRun:
             return None, None, [self._error(-1, "constructor", e)]
         if any(s.fused_read for s in self.workload_steps):
             self.unsupported += [f"{m}: {UNSUPPORTED}" for m in missing_methods(impl)]
+        found += probes.run_probes(
+            self.impl_cls, cfg, self.comm.device, kwargs, self.accepts, self.cp_rank,
+            fused=not missing_methods(impl),
+        )  # fmt: skip
         for v in found:
             v.rank = self.cp_rank
         return impl, (None if found else executor), found

@@ -3,14 +3,22 @@
 `CATALOGUE` maps a short name to (`--impl` spec, check number). The classes
 live by family: slot mappings (`catalogue_slots`), gathered tables
 (`catalogue_tables`), the write path (`catalogue_writes`), all subclasses of
-the correct `StandInBlockTables`, and bugs layered on the project's own
-`BlockTables` (`catalogue_ours`), to show that the harness catches a bug on
+the correct `StandInBlockTables`, calls that must fail and do not
+(`catalogue_contract`, caught by the harness's probes), and bugs layered on
+the project's own `BlockTables` (`catalogue_ours`), to show that the harness catches a bug on
 the real kernels too. Every class is importable from this module, so the
 specs read `tests.wrong_impls.catalogue:Name`.
 """
 
 from __future__ import annotations
 
+from .catalogue_contract import (
+    InterleaveNotChecked,
+    KernelBlocksNotChecked,
+    OursIntegrityNeverOn,
+    OursIntegrityTrustsDeviceCounts,
+    RankWrapped,
+)
 from .catalogue_ours import (
     OursDummyNotDirty,
     OursInt32Slots,
@@ -112,5 +120,10 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "counts_in_allocator_blocks": _entry(CountsInAllocatorBlocks, 6),
     "capacity_before_expansion": _entry(CapacityBeforeExpansion, 8),
     "redirect_after_expansion": _entry(RedirectAfterExpansion, 6),
+    "interleave_not_checked": _entry(InterleaveNotChecked, 9),
+    "rank_wrapped": _entry(RankWrapped, 9),
+    "kernel_blocks_not_checked": _entry(KernelBlocksNotChecked, 9),
+    "ours_integrity_never_on": _entry(OursIntegrityNeverOn, 10),
+    "ours_integrity_trusts_device_counts": _entry(OursIntegrityTrustsDeviceCounts, 10),
 }
 """name -> (`--impl` spec, the check that must report it)."""

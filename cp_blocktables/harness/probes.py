@@ -1,0 +1,300 @@
+"""Contract probes: the calls SPEC.md says must fail, made on instances of their own.
+
+The workload makes legal calls and checks what they compute. Two rules of the
+contract are about calls that must raise, and no legal workload makes them:
+
+- construction validates everything it is given and raises `ValueError`
+  naming the offending argument (SPEC.md sections 2, 3 and 8.1), so a bad
+  config cannot silently build tables that overflow a block;
+- with integrity checks on (section 8.3), a slot shared by two tokens and a
+  gather that reads a count never published raise `RuntimeError`.
+
+An implementation that skips a rule computes every legal step right, so only
+a probe can tell. Each probe starts from the preset's own valid constructor
+arguments and changes exactly one thing (a correct implementation has one
+reason to refuse), and builds its own instance, so the workload's instance
+never sees a refused or faulty call. Every rank probes with its own
+`cp_rank`: a defect on one rank fails the run. Findings are check 9
+(construction) and check 10 (integrity checks).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from ..reference import ReferenceBlockTables
+from .features import Accepts
+from .violations import Violation
+
+CONSTRUCTION = 9
+INTEGRITY = 10
+_SHARED_ID = 4099  # allocator block id both probe rows hold: far from the null block 0
+_FRESH_ID = 4111
+
+
+@dataclass
+class _Refusal:
+    """One invalid configuration: the preset's arguments with one entry made wrong."""
+
+    label: str
+    args: list
+    kwargs: dict
+    names: tuple[str, ...]  # the message must contain one of these
+    group: int | None = None  # ... and name this group (SPEC.md 8.1: "naming the group")
+
+
+def _refusals(args: list, kwargs: dict, accepts: Accepts) -> list[_Refusal]:
+    """Every single-fault variant of the valid `(args, kwargs)` worth refusing."""
+    block_sizes, _, _, max_blocks, _ = args
+    n = len(block_sizes)
+    out: list[_Refusal] = []
+
+    def arg(label: str, i: int, value, name: str, group: int | None = None) -> None:
+        a = list(args)
+        a[i] = value
+        out.append(_Refusal(label, a, dict(kwargs), (name,), group))
+
+    def kw(label: str, key: str, value, name: str, group: int | None = None) -> None:
+        if accepts.accepts(key):
+            out.append(_Refusal(label, list(args), {**kwargs, key: value}, (name,), group))
+
+    arg("max_num_reqs=0", 1, 0, "max_num_reqs")
+    arg("max_num_batched_tokens=0", 2, 0, "max_num_batched_tokens")
+    blocks = "max_num_blocks_per_group"
+    arg(f"{blocks} one entry too many", 3, [*max_blocks, 1], blocks)
+    if n:
+        g = n - 1
+        arg(f"block_sizes[{g}]=0", 0, [*block_sizes[:g], 0], "block_sizes")
+        arg(f"{blocks}[{g}]=0", 3, [*max_blocks[:g], 0], blocks)
+    defaults = {
+        "slot_mapping_enabled": True,
+        "dcp_sharded": True,
+        "sliding_window_reach": 0,
+        "kernel_block_sizes": None,
+    }
+    for key, pad in defaults.items():
+        current = kwargs.get(key)
+        if current is None:
+            current = list(block_sizes) if key == "kernel_block_sizes" else [pad] * n
+        extra = current[-1] if current else (1 if key == "kernel_block_sizes" else pad)
+        kw(f"{key} one entry too many", key, [*current, extra], key)
+    cp_size = int(kwargs.get("cp_size", 1))
+    kw(f"cp_rank={cp_size} with cp_size={cp_size}", "cp_rank", cp_size, "cp_rank")
+    kw("cp_rank=-1", "cp_rank", -1, "cp_rank")
+    kernel = kwargs.get("kernel_block_sizes") or list(block_sizes)
+    sharded = kwargs.get("dcp_sharded") or [True] * n
+    if cp_size > 1 and "cp_interleave" in kwargs:
+        for g in range(n):
+            if sharded[g]:
+                bad = kernel[g] + 1  # never divides kernel[g]
+                kw(f"cp_interleave={bad} for group {g}", "cp_interleave", bad, "cp_interleave")
+                kw("cp_interleave=0", "cp_interleave", 0, "cp_interleave")
+                break
+    if n and accepts.accepts("kernel_block_sizes"):
+        g = n - 1
+        bad = block_sizes[g] + 1  # never divides block_sizes[g]
+        kw(f"kernel_block_sizes[{g}]={bad}", "kernel_block_sizes", [*kernel[:g], bad],
+           "kernel_block_sizes", g)  # fmt: skip
+        kw(f"kernel_block_sizes[{g}]=0", "kernel_block_sizes", [*kernel[:g], 0],
+           "kernel_block_sizes", g)  # fmt: skip
+    return out
+
+
+def run_probes(
+    factory: Callable,
+    cfg,
+    device: torch.device,
+    kwargs: dict,
+    accepts: Accepts,
+    cp_rank: int,
+    fused: bool,
+) -> list[Violation]:
+    """Every probe for one rank; `cfg` and `kwargs` built its workload instance."""
+    args = [cfg.block_sizes, cfg.max_num_reqs, cfg.max_num_batched_tokens,
+            cfg.max_num_blocks_per_group, device]  # fmt: skip
+    found = probe_construction(factory, args, kwargs, accepts, cp_rank)
+    if kwargs.get("integrity_checks"):
+        found += probe_integrity(factory, args, kwargs, cp_rank, fused)
+    return found
+
+
+def _names_group(message: str, group: int) -> bool:
+    return re.search(rf"(?<![0-9]){group}(?![0-9])", message) is not None
+
+
+def probe_construction(
+    factory: Callable, args: list, kwargs: dict, accepts: Accepts, cp_rank: int
+) -> list[Violation]:
+    """Each invalid configuration must raise `ValueError` naming what is wrong."""
+    found = []
+    for r in _refusals(args, kwargs, accepts):
+        expected = f"ValueError naming {' or '.join(r.names)}"
+        if r.group is not None:
+            expected += f" and group {r.group}"
+        try:
+            factory(*r.args, **r.kwargs)
+        except ValueError as e:
+            text = str(e)
+            if any(name in text for name in r.names) and (
+                r.group is None or _names_group(text, r.group)
+            ):
+                continue
+            actual = f"ValueError: {text}"
+        except Exception as e:  # noqa: BLE001 - any other type is the finding
+            actual = f"{type(e).__name__}: {e}"
+        else:
+            actual = "the constructor accepted it"
+        found.append(
+            Violation(
+                CONSTRUCTION,
+                f"construction with {r.label} (the rest of the preset's arguments valid)",
+                -1,
+                rank=cp_rank,
+                expected=expected,
+                actual=actual[:300],
+            )
+        )
+    return found
+
+
+# ---------------------------------------------------------------- integrity checks
+
+
+def _reference(args: list, kwargs: dict, cp_rank: int) -> ReferenceBlockTables:
+    block_sizes, max_num_reqs, max_tokens, max_blocks, _ = args
+    cfg = SimpleNamespace(
+        block_sizes=block_sizes,
+        max_num_reqs=max_num_reqs,
+        max_num_batched_tokens=max_tokens,
+        max_num_blocks_per_group=max_blocks,
+        cp_size=kwargs.get("cp_size", 1),
+        cp_rank=cp_rank,
+        cp_interleave=kwargs.get("cp_interleave", 1),
+        slot_mapping_enabled=kwargs.get("slot_mapping_enabled"),
+        dcp_sharded=kwargs.get("dcp_sharded"),
+        sliding_window_reach=kwargs.get("sliding_window_reach"),
+        kernel_block_sizes=kwargs.get("kernel_block_sizes"),
+    )
+    return ReferenceBlockTables(cfg)
+
+
+def _shared_rows(ref: ReferenceBlockTables, max_tokens: int) -> tuple[list, int] | None:
+    """Block ids that make rows 0 and 1 hold the same blocks over positions `[0, P)`.
+
+    `P` is one interleave round `cp_size * I` (every rank owns a position in
+    it), capped so that both rows' tokens fit one step; `None` if the rows
+    cannot hold it.
+    """
+    rules = ref.rules
+    cp = max(rules.group_cp)  # cp_size, or 1 when no group is sharded
+    span = min(cp * rules.interleave, max_tokens // 2)
+    if rules.max_num_reqs < 2 or span < 1:
+        return None
+    ids = []
+    for g in range(rules.num_groups):
+        covers = rules.block_sizes[g] * rules.group_cp[g]  # positions one allocator block spans
+        count = -(-span // covers)
+        if count * rules.m[g] > rules.width[g]:
+            return None
+        ids.append([_SHARED_ID + j for j in range(count)])
+    return ids, span
+
+
+def _expect_error(
+    what: str, setup: Callable[[], Callable[[], object]], cp_rank: int
+) -> list[Violation]:
+    """`setup()` builds the state and returns the faulty call, which must raise `RuntimeError`."""
+    try:
+        call = setup()
+    except Exception as e:  # noqa: BLE001 - legal calls that raise are a finding too
+        actual = f"setting up the probe raised {type(e).__name__}: {e}"
+    else:
+        try:
+            call()
+        except RuntimeError:
+            return []
+        except Exception as e:  # noqa: BLE001
+            actual = f"{type(e).__name__}: {e}"
+        else:
+            actual = "no error"
+    return [Violation(INTEGRITY, what, -1, rank=cp_rank, expected="RuntimeError",
+                      actual=actual[:300])]  # fmt: skip
+
+
+def _i32(values, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def _i64(values, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def probe_integrity(
+    factory: Callable, args: list, kwargs: dict, cp_rank: int, fused: bool
+) -> list[Violation]:
+    """Plant the two faults of SPEC.md 8.3 that legal calls can make, on fresh instances.
+
+    A shared slot: rows 0 and 1 hold the same block ids and both map positions
+    `[0, P)` (an allocator that hands one block to two requests). A stale
+    count: an append after the last apply, then a gather of that row. `fused`:
+    the implementation has `gather_and_compute_slot_mappings` (section 8.2),
+    whose effects are those of both calls, checks included.
+    """
+    device = args[4]
+    ref = _reference(args, kwargs, cp_rank)
+    n = ref.rules.num_groups
+    methods = ("gather_block_tables", "gather_and_compute_slot_mappings")[: 1 + fused]
+    found: list[Violation] = []
+    shared = _shared_rows(ref, args[2]) if n else None
+    if shared is not None:
+        ids, span = shared
+        for r in (0, 1):
+            ref.append_block_ids(r, ids, True)
+        positions = list(range(span)) * 2
+        qsl = [0, span, 2 * span]
+        expected = ref.slot_mappings(np.array([0, 1]), np.array(qsl), np.array(positions), 2 * span)
+        if any(_has_repeat(row) for row in expected):
+            for how in ("compute_slot_mappings", *methods[1:]):
+
+                def setup(how=how):
+                    impl = _filled(factory, args, kwargs, ids, rows=(0, 1))
+                    idx, q, pos = _i32([0, 1], device), _i32(qsl, device), _i64(positions, device)
+                    if how == "compute_slot_mappings":
+                        return lambda: impl.compute_slot_mappings(idx, q, pos, 2 * span)
+                    return lambda: impl.gather_and_compute_slot_mappings(idx, 2, q, pos, 2 * span)
+
+                what = f"{how} with rows 0 and 1 holding the same blocks (a shared slot)"
+                found += _expect_error(what, setup, cp_rank)
+    for how in methods if n else ():
+
+        def setup(how=how):
+            impl = _filled(factory, args, kwargs, [[_SHARED_ID]] * n, rows=(0,))
+            impl.append_block_ids(0, tuple([_FRESH_ID] for _ in range(n)), False)  # not applied
+            idx = _i32([0], device)
+            if how == "gather_block_tables":
+                return lambda: impl.gather_block_tables(idx, 1)
+            q, pos = _i32([0, 1], device), _i64([0], device)
+            return lambda: impl.gather_and_compute_slot_mappings(idx, 1, q, pos, 1)
+
+        what = f"{how} of a row appended to after the last apply_staged_writes (a stale count)"
+        found += _expect_error(what, setup, cp_rank)
+    return found
+
+
+def _has_repeat(row: np.ndarray) -> bool:
+    live = row[row >= 0]
+    return live.size != np.unique(live).size
+
+
+def _filled(factory: Callable, args: list, kwargs: dict, ids: list, rows: tuple) -> object:
+    impl = factory(*args, **kwargs)
+    for r in rows:
+        impl.append_block_ids(r, tuple(ids), True)
+    impl.apply_staged_writes()
+    return impl

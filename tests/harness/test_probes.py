@@ -1,0 +1,130 @@
+"""The contract probes: calls that must fail do, on right implementations; wrong ones are named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cp_blocktables import BlockTables
+from cp_blocktables.harness import presets, probes
+from cp_blocktables.harness.features import constructor_kwargs, inspect_factory
+from tests.impls.pure_python import BlockTables as PurePython
+from tests.wrong_impls.catalogue_contract import (
+    STAND_IN_SIGNATURE,
+    InterleaveNotChecked,
+    KernelBlocksNotChecked,
+    OursIntegrityNeverOn,
+    OursIntegrityTrustsDeviceCounts,
+    RankWrapped,
+)
+from tests.wrong_impls.stand_in import StandInBlockTables
+
+RIGHT = {"ours": BlockTables, "pure-python": PurePython, "stand-in": StandInBlockTables}
+PRESETS = ["mutation", "mutation-cp1", "mutation-odd", "groups-0", "kbs-cp4", "cp4-interleave"]
+
+
+def _findings(factory, preset_name: str, ranks=None) -> list:
+    p = presets.resolve([preset_name])[0]
+    accepts = inspect_factory(factory)
+    found = []
+    for rank in range(p.cp_size) if ranks is None else ranks:
+        cfg = p.config(rank)
+        kwargs = constructor_kwargs(p, rank, accepts)
+        args = [cfg.block_sizes, cfg.max_num_reqs, cfg.max_num_batched_tokens,
+                cfg.max_num_blocks_per_group, torch.device("cpu")]  # fmt: skip
+        found += probes.probe_construction(factory, args, kwargs, accepts, rank)
+        if kwargs.get("integrity_checks"):
+            fused = hasattr(factory, "gather_and_compute_slot_mappings")
+            found += probes.probe_integrity(factory, args, kwargs, rank, fused)
+    return found
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("impl", RIGHT.values(), ids=RIGHT.keys())
+def test_right_implementations_pass_every_probe(impl, preset):
+    assert [v.describe() for v in _findings(impl, preset)] == []
+
+
+@pytest.mark.parametrize(
+    ("impl", "preset", "label"),
+    [
+        pytest.param(InterleaveNotChecked, "mutation-odd", "cp_interleave=7", id="interleave"),
+        pytest.param(RankWrapped, "mutation-cp1", "cp_rank=1 with cp_size=1", id="rank-past"),
+        pytest.param(RankWrapped, "mutation-odd", "cp_rank=-1", id="rank-negative"),
+        pytest.param(
+            KernelBlocksNotChecked, "mutation-odd", "kernel_block_sizes[0]=13", id="kernel-blocks"
+        ),  # fmt: skip
+    ],
+)
+def test_a_constructor_that_builds_a_refused_config_is_check_9(impl, preset, label):
+    found = _findings(impl, preset, ranks=[0])
+    assert {v.check for v in found} == {9}
+    hit = [v for v in found if label in v.what]
+    assert hit and hit[0].actual == "the constructor accepted it", [v.describe() for v in found]
+
+
+@pytest.mark.parametrize(
+    ("impl", "planted"),
+    [
+        pytest.param(OursIntegrityNeverOn, ("shared slot", "stale count"), id="never-on"),
+        pytest.param(OursIntegrityTrustsDeviceCounts, ("stale count",), id="trusts-device"),
+    ],
+)
+@pytest.mark.parametrize("preset", ["mutation-cp1", "mutation-odd"])
+def test_integrity_checks_that_miss_a_planted_fault_are_check_10(impl, planted, preset):
+    found = _findings(impl, preset, ranks=[0])
+    assert {v.check for v in found} == {10}
+    for fault in planted:  # both the separate calls and the fused read are probed
+        methods = {v.what.split()[0] for v in found if fault in v.what}
+        assert "gather_and_compute_slot_mappings" in methods, fault
+        assert methods - {"gather_and_compute_slot_mappings"}, fault
+
+
+class _WrongType(StandInBlockTables):
+    """Refuses with a bare assertion instead of naming the argument."""
+
+    __signature__ = STAND_IN_SIGNATURE
+
+    def __init__(self, *args, **kwargs):
+        assert args[1] >= 1
+        super().__init__(*args, **kwargs)
+
+
+class _Unnamed(StandInBlockTables):
+    """Refuses with a ValueError that names nothing."""
+
+    __signature__ = STAND_IN_SIGNATURE
+
+    def __init__(self, *args, **kwargs):
+        try:
+            super().__init__(*args, **kwargs)
+        except ValueError:
+            raise ValueError("bad config") from None
+
+
+@pytest.mark.parametrize(
+    ("impl", "actual"),
+    [
+        pytest.param(_WrongType, "AssertionError", id="assertion-instead"),
+        pytest.param(_Unnamed, "ValueError: bad config", id="argument-not-named"),
+    ],
+)
+def test_a_refusal_must_be_a_value_error_naming_the_argument(impl, actual):
+    found = _findings(impl, "mutation-cp1", ranks=[0])
+    assert found and all(v.check == 9 for v in found)
+    assert any(v.actual.startswith(actual) for v in found)
+
+
+def test_every_refusal_changes_exactly_one_argument():
+    p = presets.resolve(["mutation-odd"])[0]
+    accepts = inspect_factory(BlockTables)
+    cfg = p.config(0)
+    kwargs = constructor_kwargs(p, 0, accepts)
+    args = [cfg.block_sizes, cfg.max_num_reqs, cfg.max_num_batched_tokens,
+            cfg.max_num_blocks_per_group, torch.device("cpu")]  # fmt: skip
+    refusals = probes._refusals(args, kwargs, accepts)
+    assert len(refusals) >= 12
+    for r in refusals:
+        changed = [i for i, (a, b) in enumerate(zip(args, r.args)) if a != b]
+        changed += [k for k in r.kwargs if r.kwargs[k] != kwargs.get(k)]
+        assert len(changed) == 1, r.label

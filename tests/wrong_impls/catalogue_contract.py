@@ -1,0 +1,71 @@
+"""Wrong implementations of the rules only a probe can see (harness/probes.py).
+
+Each computes every legal step right; what is wrong is a call that must
+fail and does not: a constructor that builds from a config SPEC.md refuses
+(check 9), or integrity checks (SPEC.md 8.3) that miss a planted fault
+(check 10).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from cp_blocktables import BlockTables, integrity
+
+from .stand_in import StandInBlockTables
+
+STAND_IN_SIGNATURE = inspect.signature(StandInBlockTables)
+"""What the stand-in subclasses declare (they forward `*args, **kwargs`, and the harness
+reads the declared keywords to learn which presets they support)."""
+
+
+class InterleaveNotChecked(StandInBlockTables):
+    """Validates with interleave 1 and keeps the one it was given: a bad interleave builds."""
+
+    __signature__ = STAND_IN_SIGNATURE
+
+    def __init__(self, *args, cp_interleave: int = 1, **kwargs) -> None:
+        super().__init__(*args, cp_interleave=1, **kwargs)
+        self.cp_interleave = cp_interleave
+
+
+class RankWrapped(StandInBlockTables):
+    """Takes `cp_rank % cp_size`: a rank outside the CP group silently becomes another rank."""
+
+    __signature__ = STAND_IN_SIGNATURE
+
+    def __init__(self, *args, cp_size: int = 1, cp_rank: int = 0, **kwargs) -> None:
+        super().__init__(*args, cp_size=cp_size, cp_rank=cp_rank % max(cp_size, 1), **kwargs)
+
+
+class KernelBlocksNotChecked(StandInBlockTables):
+    """A kernel block size that does not divide its block size is replaced, not refused."""
+
+    __signature__ = STAND_IN_SIGNATURE
+
+    def __init__(self, block_sizes, *args, kernel_block_sizes=None, **kwargs) -> None:
+        if kernel_block_sizes is not None:
+            kernel_block_sizes = [
+                k if k >= 1 and b % k == 0 else b
+                for b, k in zip(block_sizes, kernel_block_sizes, strict=False)
+            ]
+        super().__init__(block_sizes, *args, kernel_block_sizes=kernel_block_sizes, **kwargs)
+
+
+class OursIntegrityNeverOn(BlockTables):
+    """Takes `integrity_checks` and ignores it: the checks of SPEC.md 8.3 never run."""
+
+    def __init__(self, *args, integrity_checks: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.integrity_checks = False
+
+
+class OursIntegrityTrustsDeviceCounts(BlockTables):
+    """The gather check reads the published counts as the truth: a stale count passes."""
+
+    def _check_gathered(self, dst, idx_mapping, num_computed_tokens) -> None:
+        integrity.check_gathered_block_tables(
+            dst, [t.gpu for t in self.block_tables], idx_mapping, self.num_blocks.gpu,
+            self.num_blocks.gpu.cpu().numpy(), self.kernel_block_sizes,
+            self.sliding_window_reach, num_computed_tokens,
+        )  # fmt: skip
