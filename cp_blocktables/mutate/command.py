@@ -5,6 +5,11 @@ the unmutated copy (a baseline that must pass, and whose wall time sets the
 default per-mutant timeout), `cosmic-ray init`, keep a fixed sample when
 asked, `cosmic-ray exec`, then classify and report (`outcome`).
 
+Each mutant meets the fast mutation presets first (seconds); one that passes
+them meets the confirming run, the default sweep unless told otherwise, so a
+survivor is a mutant that `verify` with the default sweep passes, which is
+the claim docs/mutation.md measures.
+
 Exit codes: 0 every executed mutant was killed (or timed out, or does not
 import) or is allowlisted as equivalent in docs/mutation.md; 1 an unexplained
 survivor; 2 bad usage, Cosmic Ray missing, or the baseline failed.
@@ -19,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import outcome, scratch, session
@@ -59,6 +65,24 @@ def add_mutate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--world-size", type=int, default=2, help="harness ranks (default 2)")
     p.add_argument(
+        "--confirm-preset",
+        action="append",
+        metavar="NAME",
+        help="presets of the confirming run that a mutant surviving --preset must also "
+        "pass to count as a survivor (default: the default sweep, as `verify` runs it)",
+    )
+    p.add_argument(
+        "--confirm-world-size",
+        type=int,
+        default=8,
+        help="ranks of the confirming run (default 8, as `make verify`)",
+    )
+    p.add_argument(
+        "--no-confirm",
+        action="store_true",
+        help="a mutant that passes --preset survives (no confirming run: faster, weaker)",
+    )
+    p.add_argument(
         "--allowlist",
         metavar="PATH",
         help="argued-equivalent mutants (default: docs/mutation.md of the project)",
@@ -85,16 +109,38 @@ def _project() -> tuple[Path, Path]:
     return source_dir, source_dir.parent
 
 
+@dataclass(frozen=True)
+class HarnessRun:
+    """One `verify` of the mutant: its presets (empty: the default sweep) and world size."""
+
+    presets: tuple[str, ...]
+    world_size: int
+
+    def args(self, sp: scratch.ScratchPackage, collective_timeout: float) -> list[str]:
+        return _verify_args(sp, self.presets, self.world_size, collective_timeout)
+
+
 def test_command(
-    sp: scratch.ScratchPackage, presets: list[str], world_size: int, collective_timeout: float
+    sp: scratch.ScratchPackage,
+    fast: HarnessRun,
+    confirm: HarnessRun | None,
+    collective_timeout: float,
 ) -> list[str]:
-    """The per-mutant command: the probe, then `verify --impl` on the copy."""
+    """The per-mutant command: the probe, `verify --impl` on the copy, then the confirming run."""
     imports = [f"{sp.package}.{name}" for name in sorted(sp.modules)]
     cmd = [sys.executable, "-m", "cp_blocktables.mutate.probe", "--scratch", str(sp.root)]
     for name in imports:
         cmd += ["--import", name]
-    cmd += [
-        "--",
+    cmd += ["--", *fast.args(sp, collective_timeout)]
+    if confirm is not None:
+        cmd += ["--", *confirm.args(sp, collective_timeout)]
+    return cmd
+
+
+def _verify_args(
+    sp: scratch.ScratchPackage, presets: tuple[str, ...], world_size: int, timeout: float
+) -> list[str]:
+    cmd = [
         "verify",
         "--impl",
         sp.entry_impl(),
@@ -106,7 +152,7 @@ def test_command(
         "--quiet",
         "--no-progress",
         "--timeout",
-        f"{collective_timeout:g}",
+        f"{timeout:g}",
     ]
     for name in presets:
         cmd += ["--preset", name]
@@ -138,9 +184,15 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
     patterns = [x for m in args.modules or [] for x in m.split(",") if x]
     chosen = sp.select(patterns)
     presets = args.preset or list(DEFAULT_PRESETS)
+    fast = HarnessRun(tuple(presets), args.world_size)
+    confirm = (
+        None
+        if args.no_confirm
+        else HarnessRun(tuple(args.confirm_preset or ()), args.confirm_world_size)
+    )
     env = session.child_env([root])
-    probe_timeout = args.timeout or 600.0
-    cmd = test_command(sp, presets, args.world_size, max(10.0, probe_timeout / 2))
+    probe_timeout = args.timeout or 900.0
+    cmd = test_command(sp, fast, confirm, max(10.0, probe_timeout / 2))
     config, db, log = work / "cosmic-ray.toml", work / "session.sqlite", work / "exec.log"
     origins = {str(sp.modules[n]): str(sp.origins[n].relative_to(root)) for n in sp.modules}
     print(f"mutate: {len(chosen)} modules: {', '.join(origins[str(p)] for p in chosen.values())}")
@@ -158,7 +210,7 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
             return 2
         timeout = args.timeout or max(60.0, 5 * baseline)
         print(f"mutate: baseline passed in {baseline:.1f} s; timeout {timeout:.0f} s a mutant")
-        cmd = test_command(sp, presets, args.world_size, max(10.0, timeout / 2))
+        cmd = test_command(sp, fast, confirm, max(10.0, timeout / 2))
     else:
         timeout = args.timeout or 60.0
     session.write_config(config, list(chosen.values()), cmd, timeout)
@@ -188,6 +240,12 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
             "test_command": cmd,
             "presets": presets,
             "world_size": args.world_size,
+            "confirm": None
+            if confirm is None
+            else {
+                "presets": list(confirm.presets) or ["(default sweep)"],
+                "world_size": confirm.world_size,
+            },  # fmt: skip
             "modules": sorted(origins[str(p)] for p in chosen.values()),
             "sample": args.sample,
             "seed": args.seed,

@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .probe import INCOMPETENT_MARKER
+from .probe import CONFIRM_KILL_MARKER, INCOMPETENT_MARKER
 from .session import ANNOTATION_SKIP, Mutant
 
 _ID = re.compile(r"\bm-[0-9a-f]{10}\b")
@@ -45,6 +45,7 @@ class Verdict:
     definition: str | None
     outcome: str  # killed, timeout, incompetent, survived, equivalent
     diff: str
+    by_confirm: bool = False  # killed only by the confirming run (the default sweep)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -107,7 +108,8 @@ def verdicts(mutants: list[Mutant], origins: dict[str, str], allowlist: set[str]
         mid = mutant_id(module, m.operator, m.definition, diff)
         if cls == "survived" and mid in allowlist:
             cls = "equivalent"
-        out.append(Verdict(mid, module, m.line, m.operator, m.definition, cls, diff))
+        late = cls == "killed" and CONFIRM_KILL_MARKER in m.output
+        out.append(Verdict(mid, module, m.line, m.operator, m.definition, cls, diff, late))
     return out
 
 
@@ -122,6 +124,7 @@ def summarize(vs: list[Verdict], total: int, annotation: int = 0) -> dict:
         "annotation_skipped": annotation,
         "mutants_run": len(vs),
         "killed": c["killed"],
+        "killed_by_confirm": sum(v.by_confirm for v in vs),
         "timeout": c["timeout"],
         "survived": c["survived"] + c["equivalent"],
         "equivalent": c["equivalent"],
@@ -140,7 +143,8 @@ def render(summary: dict, vs: list[Verdict], show_killed: bool = False) -> str:
     lines = [
         f"mutants: {s['mutants_run']} run of {s['mutants_total']} "
         f"({s['annotation_skipped']} in never-evaluated annotations, not run)",
-        f"killed: {s['killed']}  timeouts: {s['timeout']}  incompetent: {s['incompetent']}  "
+        f"killed: {s['killed']} ({s['killed_by_confirm']} only by the confirming run)  "
+        f"timeouts: {s['timeout']}  incompetent: {s['incompetent']}  "
         f"survived: {s['survived']} ({s['equivalent']} allowlisted as equivalent)",
         f"kill rate: {s['kill_rate']:.1%} "
         f"({s['kill_rate_excluding_equivalent']:.1%} excluding argued-equivalent mutants)",

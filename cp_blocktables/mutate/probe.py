@@ -1,6 +1,7 @@
 """The test command Cosmic Ray runs for each mutant: import the copy, then run the harness.
 
-`python -m cp_blocktables.mutate.probe --scratch DIR --import MOD ... -- verify ARGS`
+`python -m cp_blocktables.mutate.probe --scratch DIR --import MOD ... -- verify ARGS
+[-- verify CONFIRM-ARGS]`
 
 1. Puts `DIR` (the scratch package's root) first on `sys.path` and in
    `PYTHONPATH`, so the harness's `--impl cpbt_mutant...` resolves to the copy
@@ -12,6 +13,11 @@
 3. Runs `python -m cp_blocktables ARGS` in this process (`runpy`), the
    harness's public entry point, and exits with its code: 0 (the mutant
    survived) or non-zero (killed).
+4. When a second `--` gives a confirming run (by default `mutate` passes the
+   default sweep) and the first run passed, runs that too: the fast presets
+   are a proxy, and a mutant survives only if the default sweep also passes
+   it. A mutant the confirming run kills prints `CONFIRM_KILL_MARKER`, so
+   the report can count the mutants that only the sweep reaches.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import traceback
 
 INCOMPETENT_MARKER = "CPBT-MUTATE: INCOMPETENT"
 INCOMPETENT_EXIT = 3
+CONFIRM_KILL_MARKER = "CPBT-MUTATE: KILLED BY THE CONFIRMING RUN"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: probe --scratch DIR [--import MOD]... -- verify ARGS", file=sys.stderr)
         return 2
     split = argv.index("--")
+    rest = argv[split + 1 :]
+    confirm = None
+    if "--" in rest:
+        cut = rest.index("--")
+        rest, confirm = rest[:cut], rest[cut + 1 :]
     p = argparse.ArgumentParser(prog="cp_blocktables.mutate.probe")
     p.add_argument("--scratch", required=True)
     p.add_argument("--import", dest="imports", action="append", default=[])
@@ -48,7 +60,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{INCOMPETENT_MARKER}: importing {name} failed", flush=True)
             traceback.print_exc(file=sys.stdout)
             return INCOMPETENT_EXIT
-    sys.argv = ["cp_blocktables", *argv[split + 1 :]]
+    code = _harness(rest)
+    if code != 0 or confirm is None:
+        return code
+    code = _harness(confirm)
+    if code != 0:
+        print(CONFIRM_KILL_MARKER, flush=True)
+    return code
+
+
+def _harness(args: list[str]) -> int:
+    """Run `python -m cp_blocktables ARGS` here; its exit code."""
+    sys.argv = ["cp_blocktables", *args]
     try:
         runpy.run_module("cp_blocktables", run_name="__main__", alter_sys=True)
     except SystemExit as e:
