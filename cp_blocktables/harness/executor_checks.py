@@ -84,7 +84,7 @@ class _RankChecks:
                         actual=str(tuple(t.shape)),
                     )
                 )
-            elif same_ptr and t.data_ptr() != persistent[g].data_ptr():
+            elif same_ptr and not _starts_at(t, persistent[g]):
                 found.append(
                     Violation(
                         6,
@@ -113,7 +113,7 @@ class _RankChecks:
                     actual=str(tuple(slots.shape)),
                 )
             ]
-        if same_ptr and slots.data_ptr() != buf.data_ptr():
+        if same_ptr and not _starts_at(slots, buf):
             return [
                 Violation(
                     3,
@@ -125,3 +125,14 @@ class _RankChecks:
             what = "slot_mappings" if out is None else "the caller's out"
             return [Violation(3, f"returned slot mapping differs from {what}[:, :{n}]", s)]
         return []
+
+
+def _starts_at(view: torch.Tensor, base: torch.Tensor) -> bool:
+    """`view` starts where `base` does. An empty tensor reports `data_ptr()` 0, so an empty
+    view (a dummy run of 0 requests or tokens) is judged by its storage and offset."""
+    if view.numel() and base.numel():
+        return view.data_ptr() == base.data_ptr()
+    return (
+        view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+        and view.storage_offset() == base.storage_offset()
+    )

@@ -21,6 +21,7 @@ COMMON = frozenset(
         "row_reused",
         "block_reused",
         "dummy_run",
+        "dummy_zero_reqs",
         "positions_tail_garbage",
         "request_finished",
         "two_appends_one_row",
@@ -37,7 +38,7 @@ COMMON = frozenset(
 )
 """Corners that presets running ordinary mixed traffic promise (the mutation presets too)."""
 
-_KERNEL = frozenset({"kernel_blocks", "kernel_blocks_mixed", "warmup_redirect"})
+_KERNEL = frozenset({"kernel_blocks", "kernel_blocks_mixed", "warmup_redirect", "top_block_id"})
 """Corners of the kernel-block-size presets (SPEC.md 8.1)."""
 
 SWEEP_PRESETS: tuple[Preset, ...] = (
@@ -73,6 +74,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
             "spec_rejected",
             "window_configured_under_cp",
             "warmup_redirect",
+            "top_block_id",
         },
     ),
     Preset(
@@ -108,6 +110,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
             "window_freed_reused",
             "window_boundary",
             "warmup_redirect",
+            "top_block_id",
         },
     ),
     Preset(

@@ -43,7 +43,9 @@ CORNERS = (
     "window_boundary",
     "window_configured_under_cp",
     "dummy_run",
+    "dummy_zero_reqs",
     "warmup_redirect",
+    "top_block_id",
     "positions_tail_garbage",
     "request_finished",
     # Size regimes and argument paths an implementation may branch on (docs/harness.md).

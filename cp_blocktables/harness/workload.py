@@ -138,6 +138,7 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
                     or self._overdue("dummy_run")
                     or self._overdue("profiling_writes")
                     or self._overdue("profiled_rows_reclaimed")
+                    or self._overdue("dummy_zero_reqs")
                 )
             ):
                 step = self._dummy_step(s)
@@ -171,6 +172,9 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
         self.corners["profiling_writes"] += profile
         if profile and (self.rng.random() < 0.7 or reclaim):
             n_reqs = self.cfg.max_num_reqs  # a profiling run takes every row, as engines do
+        if not reclaim and (n_tokens % 5 == 0 or self._overdue("dummy_zero_reqs")):
+            n_reqs = 0  # no rows handed out: every row written before is cleared all the same
+        self.corners["dummy_zero_reqs"] += n_reqs == 0
         self.profiled_rows = n_reqs if profile else 0
         self.rows_high = n_reqs  # the rows it hands out count as written (SPEC.md section 3)
         self.prev_num_tokens = self.cfg.max_num_batched_tokens
@@ -191,12 +195,19 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
         entries, appends = [], []
         m = max((self.p.kernel_factor(g) for g in range(self.num_groups)), default=1)
         top = (2**31 - 1) // m  # every kernel id of a made-up block fits int32
-        for row in rows.tolist():
+        for i, row in enumerate(rows.tolist()):
             n_blocks = int(rng.integers(1, 4))
             ids = tuple(
                 tuple(int(x) for x in rng.integers(1, top, n_blocks))
                 for _ in range(self.num_groups)
             )
+            if (
+                i == 0 and ids
+            ):  # the largest legal id of each group: its last kernel id is 2**31 - 1
+                ids = tuple(
+                    (2**31 // self.p.kernel_factor(g) - 1, *ids[g][1:]) for g in range(len(ids))
+                )
+                self.corners["top_block_id"] += 1
             uid = self._new_uid()
             appends.append(Append(uid, row, ids, True))
             self._advance_counts(self.row_counts, appends[-1])
