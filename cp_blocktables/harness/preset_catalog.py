@@ -115,7 +115,8 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         name="cp2-i1",
-        description="cp 2, interleave 1: sharded, unsharded and disabled groups side by side",
+        description="cp 2, interleave 1: sharded, unsharded and disabled groups side by side; "
+        "integrity checks on (SPEC.md 8.3: no false alarm, and the probes' faults raise)",
         groups=(
             GroupSpec(16),
             GroupSpec(32, sharded=False),
@@ -133,6 +134,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         max_prompt_len=600,
         max_decode_len=40,
         spec_tokens=2,
+        integrity_checks=True,
         corners=COMMON
         | {"profiled_rows_reclaimed"}
         | {"interleave_1", "mixed_groups", "several_block_sizes", "spec_decode", "spec_rejected"},
