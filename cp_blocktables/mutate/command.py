@@ -11,8 +11,8 @@ survivor is a mutant that `verify` with the default sweep passes, which is
 the claim docs/mutation.md measures.
 
 Exit codes: 0 every executed mutant was killed (or timed out, or does not
-import) or is allowlisted as equivalent in docs/mutation.md; 1 an unexplained
-survivor; 2 bad usage, Cosmic Ray missing, or the baseline failed.
+import) or is argued in docs/mutation.md (equivalent, or outside the
+contract); 1 an unexplained survivor; 2 bad usage, Cosmic Ray missing, or the baseline failed.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def add_mutate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allowlist",
         metavar="PATH",
-        help="argued-equivalent mutants (default: docs/mutation.md of the project)",
+        help="argued survivors, equivalent or outside the contract "
+        "(default: docs/mutation.md of the project)",
     )
     p.add_argument(
         "--work-dir",

@@ -7,7 +7,11 @@ Classes (each executed mutant has exactly one):
   records it as killed with the output `timeout`; reported separately);
 * `incompetent`: the mutant does not import (the probe's marker), or Cosmic
   Ray could not run it;
-* `survived`: the harness passed; `equivalent` when its id is allowlisted.
+* `survived`: the harness passed; `equivalent` or `outside` when its id is
+  allowlisted (argued in docs/mutation.md): equivalent, no input tells it
+  apart; outside the contract, only inputs SPEC.md prescribes nothing for
+  tell it apart (method arguments it forbids, helper options `BlockTables`
+  never uses), so the harness must pass it, and the unit tests kill it.
 
 Not run: `annotation`, a mutant inside an annotation that is never evaluated
 (`from __future__ import annotations`), equivalent by construction and
@@ -17,7 +21,7 @@ A mutant's id (`m-` and 10 hex digits) hashes the module, the operator, the
 enclosing definition and the changed source lines, not Cosmic Ray's
 occurrence number or line number, so it survives edits elsewhere in the file.
 The allowlist is every id in a `### ` heading of the `## Equivalent mutants`
-section of docs/mutation.md.
+and `## Outside the contract` sections of docs/mutation.md.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class Verdict:
     line: int
     operator: str
     definition: str | None
-    outcome: str  # killed, timeout, incompetent, survived, equivalent
+    outcome: str  # killed, timeout, incompetent, survived, equivalent, outside
     diff: str
     by_confirm: bool = False  # killed only by the confirming run (the default sweep)
 
@@ -79,21 +83,26 @@ def classify(m: Mutant) -> str | None:
     return "survived"
 
 
-def read_allowlist(path: Path | None) -> set[str]:
-    """Ids in `### ` headings of the `## Equivalent mutants` section of `path`."""
+_SECTIONS = {"## equivalent mutants": "equivalent", "## outside the contract": "outside"}
+
+
+def read_allowlist(path: Path | None) -> dict[str, str]:
+    """Id -> class for ids in `### ` headings of the allowlisting sections of `path`."""
     if path is None or not path.is_file():
-        return set()
-    ids: set[str] = set()
-    inside = False
+        return {}
+    ids: dict[str, str] = {}
+    inside = None
     for line in path.read_text().splitlines():
         if line.startswith("## "):
-            inside = line.strip().lower() == "## equivalent mutants"
+            inside = _SECTIONS.get(line.strip().lower())
         elif inside and line.startswith("### "):
-            ids.update(_ID.findall(line))
+            ids.update(dict.fromkeys(_ID.findall(line), inside))
     return ids
 
 
-def verdicts(mutants: list[Mutant], origins: dict[str, str], allowlist: set[str]) -> list[Verdict]:
+def verdicts(
+    mutants: list[Mutant], origins: dict[str, str], allowlist: dict[str, str]
+) -> list[Verdict]:
     """Executed mutants, classified. `origins` maps a copied file to its original's name."""
     out = []
     for m in mutants:
@@ -107,7 +116,7 @@ def verdicts(mutants: list[Mutant], origins: dict[str, str], allowlist: set[str]
         )
         mid = mutant_id(module, m.operator, m.definition, diff)
         if cls == "survived" and mid in allowlist:
-            cls = "equivalent"
+            cls = allowlist[mid]
         late = cls == "killed" and CONFIRM_KILL_MARKER in m.output
         out.append(Verdict(mid, module, m.line, m.operator, m.definition, cls, diff, late))
     return out
@@ -115,9 +124,10 @@ def verdicts(mutants: list[Mutant], origins: dict[str, str], allowlist: set[str]
 
 def summarize(vs: list[Verdict], total: int, annotation: int = 0) -> dict:
     """Counts and kill rates. Kill rate: (killed + timeout) over the competent mutants run;
-    the second rate also counts argued-equivalent survivors as not needing a kill."""
+    the second leaves out the argued survivors (equivalent, outside the contract)."""
     c = Counter(v.outcome for v in vs)
-    competent = c["killed"] + c["timeout"] + c["survived"] + c["equivalent"]
+    argued = c["equivalent"] + c["outside"]
+    competent = c["killed"] + c["timeout"] + c["survived"] + argued
     dead = c["killed"] + c["timeout"]
     return {
         "mutants_total": total,
@@ -126,13 +136,14 @@ def summarize(vs: list[Verdict], total: int, annotation: int = 0) -> dict:
         "killed": c["killed"],
         "killed_by_confirm": sum(v.by_confirm for v in vs),
         "timeout": c["timeout"],
-        "survived": c["survived"] + c["equivalent"],
+        "survived": c["survived"] + argued,
         "equivalent": c["equivalent"],
+        "outside_contract": c["outside"],
         "unexplained_survivors": c["survived"],
         "incompetent": c["incompetent"],
         "kill_rate": dead / competent if competent else 1.0,
         "kill_rate_excluding_equivalent": (
-            dead / (competent - c["equivalent"]) if competent > c["equivalent"] else 1.0
+            dead / (competent - argued) if competent > argued else 1.0
         ),
     }
 
@@ -145,12 +156,14 @@ def render(summary: dict, vs: list[Verdict], show_killed: bool = False) -> str:
         f"({s['annotation_skipped']} in never-evaluated annotations, not run)",
         f"killed: {s['killed']} ({s['killed_by_confirm']} only by the confirming run)  "
         f"timeouts: {s['timeout']}  incompetent: {s['incompetent']}  "
-        f"survived: {s['survived']} ({s['equivalent']} allowlisted as equivalent)",
+        f"survived: {s['survived']} ({s['equivalent']} argued equivalent, "
+        f"{s['outside_contract']} outside the contract)",
         f"kill rate: {s['kill_rate']:.1%} "
-        f"({s['kill_rate_excluding_equivalent']:.1%} excluding argued-equivalent mutants)",
+        f"({s['kill_rate_excluding_equivalent']:.1%} excluding argued survivors)",
     ]
     for v in sorted(vs, key=lambda v: (v.module, v.line, v.id)):
-        if v.outcome == "survived" or v.outcome == "equivalent" or show_killed:
-            tag = "equivalent (allowlisted)" if v.outcome == "equivalent" else v.outcome.upper()
+        if v.outcome in ("survived", "equivalent", "outside") or show_killed:
+            tag = {"equivalent": "equivalent (allowlisted)", "outside": "outside the contract "
+                   "(allowlisted)"}.get(v.outcome, v.outcome.upper())  # fmt: skip
             lines += ["", f"{v.id} {tag}: {v.module}:{v.line} {v.operator}", v.diff.rstrip()]
     return "\n".join(lines)

@@ -64,19 +64,29 @@ def test_allowlist_reads_only_headings_of_its_section(tmp_path):
         "## Survivors\n### m-0000000001 not this one\n"
         "## Equivalent mutants\n### m-00000000aa kernels.py:3\nm-00000000bb in prose\n"
         "### m-00000000cc, m-00000000dd\n## Gaps\n### m-00000000ee\n"
+        "## Outside the contract\n### m-00000000ff\n"
     )
-    assert outcome.read_allowlist(doc) == {"m-00000000aa", "m-00000000cc", "m-00000000dd"}
-    assert outcome.read_allowlist(tmp_path / "missing.md") == set()
+    assert outcome.read_allowlist(doc) == {
+        "m-00000000aa": "equivalent",
+        "m-00000000cc": "equivalent",
+        "m-00000000dd": "equivalent",
+        "m-00000000ff": "outside",
+    }
+    assert outcome.read_allowlist(tmp_path / "missing.md") == {}
 
 
 def test_verdicts_use_the_original_file_name_and_the_allowlist():
     survivor = mutant(test_outcome="survived", output="PASS")
     origins = {survivor.module_path: "cp_blocktables/x.py"}
-    (v,) = outcome.verdicts([survivor], origins, set())
+    (v,) = outcome.verdicts([survivor], origins, {})
     assert v.module == "cp_blocktables/x.py" and v.outcome == "survived"
     assert "a/cp_blocktables/x.py" in v.diff and "mutation diff" not in v.diff
-    (w,) = outcome.verdicts([survivor], origins, {v.id})
+    (w,) = outcome.verdicts([survivor], origins, {v.id: "equivalent"})
     assert w.outcome == "equivalent"
+    (x,) = outcome.verdicts([survivor], origins, {v.id: "outside"})
+    assert x.outcome == "outside"
+    s = outcome.summarize([x], total=1)
+    assert (s["survived"], s["outside_contract"], s["unexplained_survivors"]) == (1, 1, 0)
 
 
 def test_summary_figures():
@@ -88,7 +98,7 @@ def test_summary_figures():
             mutant(output=INCOMPETENT_MARKER),
         ],
         {},
-        set(),
+        {},
     )
     s = outcome.summarize(vs, total=10, annotation=3)
     assert (s["killed"], s["timeout"], s["survived"], s["incompetent"]) == (1, 1, 1, 1)
