@@ -20,6 +20,7 @@ never sees a refused or faulty call. Every rank probes with its own
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -207,9 +208,14 @@ def _shared_rows(ref: ReferenceBlockTables, max_tokens: int) -> tuple[list, int]
 
 
 def _expect_error(
-    what: str, setup: Callable[[], Callable[[], object]], cp_rank: int
+    what: str,
+    setup: Callable[[], Callable[[], object]],
+    cp_rank: int,
+    names: tuple[str, ...] = (),
 ) -> list[Violation]:
-    """`setup()` builds the state and returns the faulty call, which must raise `RuntimeError`."""
+    """`setup()` builds the state and returns the faulty call, which must raise `RuntimeError`
+    whose message contains one of `names` (when given: SPEC.md 8.3 says what it names)."""
+    expected = "RuntimeError" + (f" naming one of {', '.join(names)}" if names else "")
     try:
         call = setup()
     except Exception as e:  # noqa: BLE001 - legal calls that raise are a finding too
@@ -217,14 +223,15 @@ def _expect_error(
     else:
         try:
             call()
-        except RuntimeError:
-            return []
+        except RuntimeError as e:
+            if not names or any(n in str(e) for n in names):
+                return []
+            actual = f"RuntimeError: {e}"
         except Exception as e:  # noqa: BLE001
             actual = f"{type(e).__name__}: {e}"
         else:
             actual = "no error"
-    return [Violation(INTEGRITY, what, -1, rank=cp_rank, expected="RuntimeError",
-                      actual=actual[:300])]  # fmt: skip
+    return [Violation(INTEGRITY, what, -1, rank=cp_rank, expected=expected, actual=actual[:300])]
 
 
 def _i32(values, device: torch.device) -> torch.Tensor:
@@ -241,8 +248,10 @@ def probe_integrity(
     """Plant the two faults of SPEC.md 8.3 that legal calls can make, on fresh instances.
 
     A shared slot: rows 0 and 1 hold the same block ids and both map positions
-    `[0, P)` (an allocator that hands one block to two requests). A stale
-    count: an append after the last apply, then a gather of that row. `fused`:
+    `[0, P)` (an allocator that hands one block to two requests); the message
+    must name one of the shared slots. A stale count, both ways: a row grown by
+    an append, and a row cut short by an overwrite with fewer blocks, after the
+    last apply, then a gather of that row. `fused`:
     the implementation has `gather_and_compute_slot_mappings` (section 8.2),
     whose effects are those of both calls, checks included.
     """
@@ -259,7 +268,8 @@ def probe_integrity(
         positions = list(range(span)) * 2
         qsl = [0, span, 2 * span]
         expected = ref.slot_mappings(np.array([0, 1]), np.array(qsl), np.array(positions), 2 * span)
-        if any(_has_repeat(row) for row in expected):
+        shared_slots = tuple(str(x) for row in expected for x in _repeats(row))
+        if shared_slots:
             for how in ("compute_slot_mappings", *methods[1:]):
 
                 def setup(how=how):
@@ -270,26 +280,30 @@ def probe_integrity(
                     return lambda: impl.gather_and_compute_slot_mappings(idx, 2, q, pos, 2 * span)
 
                 what = f"{how} with rows 0 and 1 holding the same blocks (a shared slot)"
-                found += _expect_error(what, setup, cp_rank)
-    for how in methods if n else ():
+                found += _expect_error(what, setup, cp_rank, shared_slots)
+    stale = {"grown by an append": False, "cut short by an overwrite": True}
+    two_fit = all(w >= 2 * m for w, m in zip(ref.rules.width, ref.rules.m))
+    for (change, overwrite), how in itertools.product(stale.items(), methods if two_fit else ()):
 
-        def setup(how=how):
-            impl = _filled(factory, args, kwargs, [[_SHARED_ID]] * n, rows=(0,))
-            impl.append_block_ids(0, tuple([_FRESH_ID] for _ in range(n)), False)  # not applied
+        def setup(how=how, overwrite=overwrite):
+            first = [_SHARED_ID, _FRESH_ID] if overwrite else [_SHARED_ID]
+            impl = _filled(factory, args, kwargs, [first] * n, rows=(0,))
+            impl.append_block_ids(0, tuple([_FRESH_ID] for _ in range(n)), overwrite)  # not applied
             idx = _i32([0], device)
             if how == "gather_block_tables":
                 return lambda: impl.gather_block_tables(idx, 1)
             q, pos = _i32([0, 1], device), _i64([0], device)
             return lambda: impl.gather_and_compute_slot_mappings(idx, 1, q, pos, 1)
 
-        what = f"{how} of a row appended to after the last apply_staged_writes (a stale count)"
+        what = f"{how} of a row {change} after the last apply_staged_writes (a stale count)"
         found += _expect_error(what, setup, cp_rank)
     return found
 
 
-def _has_repeat(row: np.ndarray) -> bool:
-    live = row[row >= 0]
-    return live.size != np.unique(live).size
+def _repeats(row: np.ndarray) -> list[int]:
+    """Slots (>= 0) that two or more tokens of `row` share."""
+    values, counts = np.unique(row[row >= 0], return_counts=True)
+    return values[counts > 1].tolist()
 
 
 def _filled(factory: Callable, args: list, kwargs: dict, ids: list, rows: tuple) -> object:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from cp_blocktables import BlockTables
+from cp_blocktables import BlockTables, integrity
 from cp_blocktables.harness import presets, probes
 from cp_blocktables.harness.features import constructor_kwargs, inspect_factory
 from tests.impls.pure_python import BlockTables as PurePython
@@ -66,8 +67,8 @@ def test_a_constructor_that_builds_a_refused_config_is_check_9(impl, preset, lab
 @pytest.mark.parametrize(
     ("impl", "planted"),
     [
-        pytest.param(OursIntegrityNeverOn, ("shared slot", "stale count"), id="never-on"),
-        pytest.param(OursIntegrityTrustsDeviceCounts, ("stale count",), id="trusts-device"),
+        pytest.param(OursIntegrityNeverOn, ("shared slot", "grown", "cut short"), id="never-on"),
+        pytest.param(OursIntegrityTrustsDeviceCounts, ("grown", "cut short"), id="trusts-device"),
     ],
 )
 @pytest.mark.parametrize("preset", ["mutation-cp1", "mutation-odd"])
@@ -128,3 +129,46 @@ def test_every_refusal_changes_exactly_one_argument():
         changed = [i for i, (a, b) in enumerate(zip(args, r.args)) if a != b]
         changed += [k for k in r.kwargs if r.kwargs[k] != kwargs.get(k)]
         assert len(changed) == 1, r.label
+
+
+class _VagueIntegrity(BlockTables):
+    """Raises on a shared slot, but the message names no slot."""
+
+    def _check_slots(self, *args, **kwargs):
+        try:
+            super()._check_slots(*args, **kwargs)
+        except RuntimeError:
+            raise RuntimeError("integrity check failed") from None
+
+
+class _StaleOnlyWhenGrown(BlockTables):
+    """Counts a stale count only when the host count grew (the published one is smaller)."""
+
+    def _check_gathered(self, dst, idx_mapping, num_computed_tokens):
+        truth = self.num_blocks.np
+        seen = np.maximum(truth, self.num_blocks.gpu.cpu().numpy())
+        integrity.check_gathered_block_tables(
+            dst, [t.gpu for t in self.block_tables], idx_mapping, self.num_blocks.gpu, seen,
+            self.kernel_block_sizes, self.sliding_window_reach, num_computed_tokens,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("impl", "what", "actual"),
+    [
+        pytest.param(
+            _VagueIntegrity,
+            "shared slot",
+            "RuntimeError: integrity check failed",
+            id="slot-not-named",
+        ),  # fmt: skip
+        pytest.param(_StaleOnlyWhenGrown, "cut short", "no error", id="shrunk-count-missed"),
+    ],
+)
+def test_integrity_errors_must_name_the_slot_and_catch_both_stale_directions(impl, what, actual):
+    found = _findings(impl, "mutation-odd", ranks=[0])
+    hit = [v for v in found if what in v.what]
+    assert hit and all(v.check == 10 and v.actual.startswith(actual) for v in hit), [
+        v.describe() for v in found
+    ]
+    assert all(what in v.what for v in found)
