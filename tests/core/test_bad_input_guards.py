@@ -234,6 +234,14 @@ def test_uva_tensor_publish_count_must_be_a_row_count(n):
     assert t.gpu is gpu
 
 
+def test_uva_tensor_publishes_zero_rows():
+    t = UvaBackedTensor((4, 2), torch.int32, device="cpu")
+    t.np[:] = 7
+    t.copy_to_uva(0)  # a legal count: nothing published, no error
+    t.copy_to_uva(4)
+    assert t.gpu.tolist() == [[7, 7]] * 4
+
+
 # ---------------------------------------------------------------- BlockTables
 
 
@@ -270,6 +278,38 @@ def test_gather_refuses_out_ptrs_not_naming_out(torch_device, case):
     ptrs = torch.tensor([t.data_ptr() for t in good], dtype=torch.uint64, device=torch_device)
     got = bt.gather_block_tables(idx, 2, out=good, out_ptrs=ptrs)
     assert got[1][0, :2].tolist() == [5, 6]
+
+
+def test_gather_refuses_an_out_list_of_the_wrong_length(torch_device):
+    bt = _bt_with_rows(torch_device)
+    idx = torch.tensor([2, 0], dtype=torch.int32, device=torch_device)
+    for n in (1, 3):
+        out = [torch.full((4, 8), 9, dtype=torch.int32, device=torch_device) for _ in range(n)]
+        with pytest.raises(ValueError, match=rf"out has {n} tables for 2 groups"):
+            bt.gather_block_tables(idx, 2, out=out)
+        assert all(int((t != 9).sum()) == 0 for t in out)
+
+
+def test_pointer_errors_print_the_exact_address():
+    bt = _bt_with_rows("cpu")
+    out = [torch.zeros((4, w), dtype=torch.int32) for w in (8, 4)]
+    ptrs = torch.tensor([t.data_ptr() for t in out], dtype=torch.uint64)
+    ptrs[0] = out[0].data_ptr() + 1  # odd: every bit of the address shows in the message
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"out_ptrs\[0\] = {out[0].data_ptr() + 1:#x} but"):
+        bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
+
+
+def test_cpu_pointers_are_checked_on_every_call_even_when_rewritten_in_place():
+    """On CPU nothing is cached: a write through numpy does not bump the tensor's version."""
+    bt = _bt_with_rows("cpu")
+    out = [torch.zeros((4, w), dtype=torch.int32) for w in (8, 4)]
+    ptrs = torch.tensor([t.data_ptr() for t in out], dtype=torch.uint64)
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+    bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
+    ptrs.numpy()[0] = bt.input_block_tables[0].data_ptr()  # same tensor, same _version
+    with pytest.raises(ValueError, match=r"out_ptrs\[0\] = 0x[0-9a-f]+ but out\[0\]"):
+        bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
 
 
 def test_slot_mappings_refuse_an_out_with_overlapping_rows(torch_device):
