@@ -21,6 +21,7 @@ never sees a refused or faulty call. Every rank probes with its own
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from .violations import Violation
 
 CONSTRUCTION = 9
 INTEGRITY = 10
+ENV_VAR = "CPBT_INTEGRITY_CHECKS"  # SPEC.md 8.3: also turns the checks on
 _SHARED_ID = 4099  # allocator block id both probe rows hold: far from the null block 0
 _FRESH_ID = 4111
 
@@ -249,7 +251,8 @@ def probe_integrity(
 
     A shared slot: rows 0 and 1 hold the same block ids and both map positions
     `[0, P)` (an allocator that hands one block to two requests); the message
-    must name one of the shared slots. A stale count, both ways: a row grown by
+    must name one of the shared slots, and the environment variable alone must
+    turn the checks on too. A stale count, both ways: a row grown by
     an append, and a row cut short by an overwrite with fewer blocks, after the
     last apply, then a gather of that row. `fused`:
     the implementation has `gather_and_compute_slot_mappings` (section 8.2),
@@ -270,16 +273,19 @@ def probe_integrity(
         expected = ref.slot_mappings(np.array([0, 1]), np.array(qsl), np.array(positions), 2 * span)
         shared_slots = tuple(str(x) for row in expected for x in _repeats(row))
         if shared_slots:
-            for how in ("compute_slot_mappings", *methods[1:]):
+            plain = {k: v for k, v in kwargs.items() if k != "integrity_checks"}
+            ways = [("compute_slot_mappings", kwargs, ""), *((m, kwargs, "") for m in methods[1:])]
+            ways.append(("compute_slot_mappings", plain, f" (checks on by {ENV_VAR}=1 alone)"))
+            for how, kw, note in ways:
 
-                def setup(how=how):
-                    impl = _filled(factory, args, kwargs, ids, rows=(0, 1))
+                def setup(how=how, kw=kw, env=bool(note)):
+                    impl = _filled(factory, args, kw, ids, rows=(0, 1), env=env)
                     idx, q, pos = _i32([0, 1], device), _i32(qsl, device), _i64(positions, device)
                     if how == "compute_slot_mappings":
                         return lambda: impl.compute_slot_mappings(idx, q, pos, 2 * span)
                     return lambda: impl.gather_and_compute_slot_mappings(idx, 2, q, pos, 2 * span)
 
-                what = f"{how} with rows 0 and 1 holding the same blocks (a shared slot)"
+                what = f"{how} with rows 0 and 1 holding the same blocks (a shared slot){note}"
                 found += _expect_error(what, setup, cp_rank, shared_slots)
     stale = {"grown by an append": False, "cut short by an overwrite": True}
     two_fit = all(w >= 2 * m for w, m in zip(ref.rules.width, ref.rules.m))
@@ -306,8 +312,21 @@ def _repeats(row: np.ndarray) -> list[int]:
     return values[counts > 1].tolist()
 
 
-def _filled(factory: Callable, args: list, kwargs: dict, ids: list, rows: tuple) -> object:
-    impl = factory(*args, **kwargs)
+def _filled(
+    factory: Callable, args: list, kwargs: dict, ids: list, rows: tuple, env: bool = False
+) -> object:
+    """An instance whose `rows` hold `ids`, applied; `env`: built under `CPBT_INTEGRITY_CHECKS=1`
+    (SPEC.md 8.3 reads it at construction), restored afterwards."""
+    old = os.environ.get(ENV_VAR)
+    if env:
+        os.environ[ENV_VAR] = "1"
+    try:
+        impl = factory(*args, **kwargs)
+    finally:
+        if env and old is None:
+            del os.environ[ENV_VAR]
+        elif env:
+            os.environ[ENV_VAR] = old
     for r in rows:
         impl.append_block_ids(r, tuple(ids), True)
     impl.apply_staged_writes()
