@@ -207,7 +207,7 @@ class SlotMappingPlan:
         )
 
     def layout(self, num_reqs: int, num_tokens_padded: int) -> str:
-        """"request" or "tile": the layout a call with these sizes runs (for reports)."""
+        """`"request"` or `"tile"`: the layout a call with these sizes runs (for reports)."""
         return "request" if self.pick(num_reqs, num_tokens_padded)[1]["BY_REQUEST"] else "tile"
 
     def launch(
