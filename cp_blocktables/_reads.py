@@ -150,7 +150,7 @@ class ForwardPassReads:
             self._inputs.rows(idx_mapping)
             self._inputs.tokens(idx_mapping, query_start_loc, positions, num_tokens_padded)
         if out is None:
-            self._slot_plan.launch(idx_mapping, query_start_loc, positions)
+            self._slot_plan.launch(idx_mapping, query_start_loc, positions, num_tokens_padded)
         else:
             kernels.compute_slot_mappings(
                 idx_mapping,
@@ -161,6 +161,7 @@ class ForwardPassReads:
                 self.cp_rank,
                 self.cp_interleave,
                 buf,
+                num_tokens_padded,
             )
         if self.integrity_checks:
             self._check_slots(buf, query_start_loc, idx_mapping, positions, num_tokens_padded)
@@ -207,6 +208,7 @@ class ForwardPassReads:
                 self.cp_rank,
                 self.cp_interleave,
                 buf,
+                num_tokens_padded,
             )
         if self.integrity_checks:  # the same checks, in the same order, as the two calls
             self._check_gathered(self.input_block_tables, idx_mapping, num_computed_tokens)

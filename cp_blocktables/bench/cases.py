@@ -170,6 +170,7 @@ class _ReadCase:
             [partial(rival.compute_slot_mappings, s.idx, s.qsl, s.pos, s.slots) for s in sets]
         )
         _fill_row(row, ours, theirs)
+        row.params["slot_layout"] = self.slot_layout = bt._slot_plan.layout(self.num_reqs, tokens)
         s = sets[0]
         mine = bt.compute_slot_mappings(s.idx, s.qsl, s.pos, tokens)
         row.agrees = torch.equal(mine, s.slots)
@@ -205,6 +206,7 @@ class _ReadCase:
         ours = self.timer.time([partial(f, s.idx, n, s.qsl, s.pos, tokens) for s in sets])
         theirs = self.timer.time([partial(self._rival_both, s) for s in sets])
         _fill_row(row, ours, theirs)
+        row.params["slot_layout"] = self.slot_layout
         s = sets[0]
         tables, mine = f(s.idx, n, s.qsl, s.pos, tokens)
         row.agrees = torch.equal(mine, s.slots) and all(

@@ -188,6 +188,17 @@ def table_line(r: Row) -> str:
     ).rstrip()
 
 
+def _slot_layouts(rows: list[Row]) -> str:
+    """Which token counts the slot-mapping rows ran by request and which by tile."""
+    cases: dict[str, list[str]] = {}
+    for r in rows:
+        layout = r.params.get("slot_layout")
+        label = f"T={tokens_label(r.params['tokens'])}" if "tokens" in r.params else ""
+        if layout and label not in cases.setdefault(layout, []):
+            cases[layout].append(label)
+    return "; ".join(f"by {k}: {', '.join(v)}" for k, v in sorted(cases.items()))
+
+
 def print_report(meta: dict, rows: list[Row], verdicts: list[dict]) -> None:
     print(
         f"cp-blocktables kernel benchmark on {meta['device_name']} ({meta['device']}); "
@@ -204,6 +215,9 @@ def print_report(meta: dict, rows: list[Row], verdicts: list[dict]) -> None:
     print("-" * len(HEADER))
     for r in rows:
         print(table_line(r))
+    layouts = _slot_layouts(rows)
+    if layouts:
+        print(f"slot mappings (and the fused read) by layout: {layouts}")
     print("goals" + (" (CPU figures: the goals are for CUDA)" if meta["cpu_figures"] else ""))
     for g in verdicts:
         print(f"  [{g['status']:>12}] {g['goal']}" + (f": {g['figure']}" if g["figure"] else ""))

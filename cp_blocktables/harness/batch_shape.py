@@ -34,7 +34,9 @@ class _BatchShape:
             for _ in range(int(rng.integers(1, 3))):
                 if len(entries) < cfg.max_num_reqs:
                     at = int(rng.integers(len(entries) + 1))
-                    entries.insert(at, (-1, -1, 0, int(rng.integers(0, 4))))
+                    n = int(rng.integers(0, 4))
+                    # A step given the whole buffer has no token to spare for dummies.
+                    entries.insert(at, (-1, -1, 0, 0 if self.whole_buffer else n))
                     self.corners["dummy_request"] += 1
         counts = [e[3] for e in entries]
         qsl = np.zeros(len(entries) + 1, dtype=np.int32)

@@ -1,8 +1,9 @@
 """Corner counting of the harness workload (SPEC.md section 6): what a step's shape reached.
 
 `_CornerCounts` counts, after a step is shaped, the corners of its batch
-(padding, a smaller step or batch, garbage in the positions' tail, shuffled
-rows) and, per scheduled request, those of the configuration and the traffic
+(padding, a smaller step or batch, a step that fills the token buffer,
+garbage in the positions' tail, shuffled rows) and, per scheduled request,
+those of the configuration and the traffic
 (interleave against block size, mixed groups, windows at their boundary,
 wide rows, slots past 2**31). A mixin of the workload generator
 (`workload._Generator`); the life cycle (`lifecycle`) and the batch shape
@@ -30,6 +31,11 @@ class _CornerCounts:
         c["smaller_step"] += step.num_tokens < self.prev_num_tokens
         c["giant_shrink"] += step.num_tokens + 8192 < self.prev_num_tokens
         c["full_batch"] += step.num_reqs == self.cfg.max_num_reqs
+        # The buffer's last entry holds a real request's token.
+        rows = step.token_rows()[0]
+        c["full_step"] += bool(
+            step.num_tokens == self.cfg.max_num_batched_tokens and rows.size and rows[-1] >= 0
+        )
         c["smaller_batch"] += step.num_reqs_padded < self.rows_high
         c["positions_tail_garbage"] += bool(tail.any())
         rows = step.idx_mapping[step.idx_mapping >= 0]

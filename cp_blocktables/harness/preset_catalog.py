@@ -266,7 +266,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         max_decode_len=40,
         spec_tokens=3,
         warmup_steps=1,
-        corners=COMMON | _KERNEL | {"interleave_eq_kernel", "interleave_between"},
+        corners=COMMON | _KERNEL | {"interleave_eq_kernel", "interleave_between", "full_step"},
     ),
     Preset(
         name="groups-0",
@@ -287,7 +287,8 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         name="groups-1",
-        description="cp 2, one group: the single-table apply path (no fused writer)",
+        description="cp 2, one group: the single-table apply path (no fused writer); a "
+        "full batch of short requests filling the token buffer",
         groups=(GroupSpec(16),),
         cp_size=2,
         cp_interleave=2,
@@ -307,6 +308,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
                 "two_appends_one_row",
                 "overflow_refused",
                 "full_batch",
+                "full_step",
                 "gather_out",
                 "slot_out",
                 "profiling_writes",

@@ -53,6 +53,7 @@ CORNERS = (
     "giant_shrink",
     "wide_row",
     "full_batch",
+    "full_step",
     "writes_past_max_reqs",
     "two_appends_one_row",
     "append_then_overwrite",

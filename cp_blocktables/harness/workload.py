@@ -239,8 +239,12 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
         """Running requests and admissions, in either order, within a token budget."""
         p, rng = self.p, self.rng
         cap = p.max_num_batched_tokens - 16
+        self.whole_buffer = False
         if p.giant_prefill and self.prev_num_tokens > p.giant_prefill:
             budget = int(rng.integers(1, 64))  # a step far smaller than the one before
+        elif self._overdue("full_step"):
+            budget = p.max_num_batched_tokens  # every token: packed exactly by _pack
+            self.whole_buffer = True
         elif p.fill_batches or self._overdue("full_batch") or self._overdue("writes_past_max_reqs"):
             budget = cap
         elif rng.random() < 0.3:
@@ -268,8 +272,23 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
             if n > 0:
                 scheduled.append((req, n))
                 budget -= n
-        self._admit_some(step, scheduled, budget)
+        budget = self._admit_some(step, scheduled, budget)
+        if self.whole_buffer:
+            self._pack(scheduled, budget)
         return scheduled
+
+    def _pack(self, scheduled: list[tuple[_Request, int]], budget: int) -> None:
+        """Give the budget left to prefill chunks, as a scheduler packing its token budget
+        does: the step then fills the buffer to its last entry (`full_step`), unless no
+        prompt had that many tokens left."""
+        for i, (req, n) in enumerate(scheduled):
+            left = req.prompt_len - req.nct - n
+            extra = min(budget, left)
+            if extra > 0:
+                scheduled[i] = (req, n + extra)
+                budget -= extra
+                # _tokens_for counted this chunk as a chunked prefill; it may now end the prompt.
+                self.corners["chunked_prefill"] -= extra == left
 
     def _admit_some(self, step: Step, scheduled: list, budget: int) -> int:
         p, rng = self.p, self.rng
@@ -282,9 +301,11 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
                 or p.fill_batches
                 or self._overdue("full_batch")
                 or self._overdue("writes_past_max_reqs")
+                or self.whole_buffer
             )
         ):
-            req = self._admit(step)
+            # A step that packs the whole buffer admits prompts long enough to fill it.
+            req = self._admit(step, min(budget, p.max_prompt_len) if self.whole_buffer else None)
             n = self._tokens_for(req, budget)
             scheduled.append((req, n))
             budget -= n

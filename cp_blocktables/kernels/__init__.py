@@ -4,11 +4,12 @@
 | --- | --- | --- |
 | `staged_writes` | `_apply_writes_kernel` | `apply_writes`, `apply_fused_writes` |
 | `gather` | `_gather_block_tables_kernel` | `gather_block_tables` |
-| `slot_mappings` | `_compute_slot_mappings_kernel` | `compute_slot_mappings` |
+| `slot_mappings` | `_compute_slot_mappings_kernel` | `compute_slot_mappings`, `SlotMappingPlan` |
 | `fused_reads` | `_gather_and_slot_mappings_kernel` | `gather_and_compute_slot_mappings` |
 
-`layout` holds the per-group device tensors (`GroupLayout`, `refill`) and
-`_common` the launchers' tile arithmetic.
+`slot_programs` holds the slot mapping's programs in both layouts (the two
+kernels that map slots call them), `layout` the per-group device tensors
+(`GroupLayout`, `refill`) and `_common` the launchers' tile arithmetic.
 
 All run on CUDA (compiled) and on CPU (Triton's interpreter) through
 `dual_jit`. They call only Triton builtins and this package's own device

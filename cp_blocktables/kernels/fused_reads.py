@@ -8,7 +8,8 @@ import triton.language as tl
 from .._jit import dual_jit
 from .gather import gather_launch_args, gather_rows
 from .layout import GroupLayout
-from .slot_mappings import map_slots, slot_mapping_launch_args
+from .slot_mappings import slot_mapping_launch_args
+from .slot_programs import slot_program
 
 
 @dual_jit(
@@ -32,7 +33,7 @@ def _gather_and_slot_mappings_kernel(
     block_sizes,
     reaches,
     num_computed_tokens,
-    # the slot mapping's arguments (see map_slots); idx_mapping, num_reqs and
+    # the slot mapping's arguments (see slot_program); idx_mapping, num_reqs and
     # max_num_reqs are the gather's
     s_idx_mapping,
     s_num_reqs,
@@ -59,6 +60,9 @@ def _gather_and_slot_mappings_kernel(
     POW2: tl.constexpr,
     PAD_ID: tl.constexpr,
     TILE: tl.constexpr,
+    BY_REQUEST: tl.constexpr,
+    REQ_TILE: tl.constexpr,
+    REQ_TILES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid < gather_programs:
@@ -85,29 +89,12 @@ def _gather_and_slot_mappings_kernel(
             COLS,
         )
     else:
-        map_slots(
-            pid - gather_programs,
-            s_idx_mapping,
-            s_num_reqs,
-            s_max_num_reqs,
-            query_start_loc,
-            positions,
-            num_positions,
-            table_ptrs,
-            group_params,
-            cp_rank,
-            cp_interleave,
-            interleave_shift,
-            out,
-            out_stride,
-            out_len,
-            NUM_GROUPS,
-            SEARCH_STEPS,
-            POS32,
-            POW2,
-            PAD_ID,
-            TILE,
-        )
+        slot_program(
+            pid - gather_programs, s_idx_mapping, s_num_reqs, s_max_num_reqs, query_start_loc,
+            positions, num_positions, table_ptrs, group_params, cp_rank, cp_interleave,
+            interleave_shift, out, out_stride, out_len, NUM_GROUPS, SEARCH_STEPS, POS32, POW2,
+            PAD_ID, TILE, BY_REQUEST, REQ_TILE, REQ_TILES,
+        )  # fmt: skip
 
 
 _FUSED_META: dict[tuple[int, int], dict] = {}
@@ -134,6 +121,7 @@ def gather_and_compute_slot_mappings(
     cp_rank: int,
     cp_interleave: int,
     out: torch.Tensor,
+    num_tokens_padded: int,
 ) -> None:
     """`gather_block_tables` and `compute_slot_mappings` in one launch.
 
@@ -157,13 +145,17 @@ def gather_and_compute_slot_mappings(
         num_computed_tokens,
     )
     slot_programs, s_args, s_meta = slot_mapping_launch_args(
-        idx_mapping, query_start_loc, positions, max_num_reqs, layout, cp_rank, cp_interleave, out
-    )
+        idx_mapping, query_start_loc, positions, max_num_reqs, layout, cp_rank, cp_interleave,
+        out, num_tokens_padded,
+    )  # fmt: skip
     gather_programs = row_blocks * num_groups
     # grid: (gather_programs + slot_programs,); program q < gather_programs
     # fills ROWS destination rows of group q % num_groups (row block
-    # q // num_groups); program gather_programs + i maps tokens
-    # [i * TILE, (i + 1) * TILE) of `out` for every group.
+    # q // num_groups); program gather_programs + i is program i of the slot
+    # mapping in the layout `slot_mapping_launch_args` picked: by tile, it maps
+    # tokens [i * TILE, (i + 1) * TILE) of `out` for every group; by request,
+    # i < num_reqs * num_groups maps batch entry i // num_groups in group
+    # i % num_groups and the tile programs after those pad the tail.
     key = (id(g_meta), id(s_meta))  # both are cached per launch shape, so ids are stable
     meta = _FUSED_META.get(key)
     if meta is None:

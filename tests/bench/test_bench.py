@@ -8,6 +8,7 @@ import io
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ from cp_blocktables import BlockTablesConfig
 from cp_blocktables.bench import cases
 from cp_blocktables.bench import kernels as bench
 from cp_blocktables.bench.report import Row, goals
+from cp_blocktables.kernels import slot_mappings
 
 READ_KINDS = {"compute_slot_mappings", "gather_block_tables"}
 WRITE_KINDS = {"step writes (append + apply)", "append_block_ids", "apply_staged_writes"}
@@ -105,6 +107,34 @@ def test_table_is_printed_with_the_cpu_banner(smoke):
     for r in rows:
         assert r["case"] in text
     assert "goals" in text
+    assert "slot mappings (and the fused read) by layout: by tile: T=16" in text
+
+
+def test_slot_rows_say_which_layout_ran(smoke):
+    """On CPU every read row has more request programs than the interpreter is allowed."""
+    rows, _, _ = smoke
+    for r in rows:
+        if r["kind"] in {"compute_slot_mappings", FUSED}:
+            assert r["params"]["slot_layout"] == "tile", r["case"]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "layout"),
+    [
+        pytest.param(256, "request", id="decode-256"),
+        pytest.param(8192, "request", id="mixed-8K"),
+        pytest.param(65536, "tile", id="mixed-64K"),
+    ],
+)
+@pytest.mark.parametrize("groups", [1, 4], ids=["G1", "G4"])
+def test_gpu_rows_at_small_batches_run_by_request(tokens, layout, groups):
+    """The CUDA plan's decode and mixed-8K rows measure the request layout (issue 13's
+    small batches); 64K tokens and more, the tile layout."""
+    rows_, _, _ = cases.batch(tokens, np.random.default_rng(0))
+    bt = cases.BlockTables(list(cases.BLOCK_SIZES[:groups]), cases.MAX_REQS, tokens,
+                           [4] * groups, "cpu")  # fmt: skip
+    launch = slot_mappings._SlotLaunch(False, groups, tokens, bt._layout, 1, cases.MAX_REQS)
+    assert launch.pick(len(rows_), tokens)[1]["BY_REQUEST"] is (layout == "request")
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,314 @@
+"""The slot mapping's two program layouts (`kernels/slot_mappings.py`, `kernels/slot_programs.py`).
+
+Every case runs both layouts, by tile and by request, on the same inputs, through
+`compute_slot_mappings` (persistent and caller-owned buffers) and the fused read, over a
+buffer full of garbage, and holds each to the reference; then the host's choice between
+them is tested at its bounds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cp_blocktables import BlockTables, BlockTablesConfig
+from cp_blocktables._jit import launch_counts
+from cp_blocktables.kernels import slot_mappings
+from cp_blocktables.reference import ReferenceBlockTables
+
+GARBAGE = 0x5EED  # what the buffers hold before a call: an entry left unwritten shows
+
+
+def _config(**overrides) -> dict:
+    kwargs = dict(
+        block_sizes=[16, 32],
+        max_num_reqs=8,
+        max_num_batched_tokens=96,
+        max_num_blocks_per_group=[64, 32],
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def _case(name, config, requests, padded=None, first_id=1, pos32=True, pow2=True):
+    """A batch: `requests` as (row or -1, first position, tokens); `padded`: its
+    `num_tokens_padded` (None: the buffer's length); `first_id`: the rows' first block
+    id; `pos32`, `pow2`: the index paths (POS32, POW2) the config must take."""
+    return pytest.param(config, requests, padded, first_id, (pos32, pow2), id=name)
+
+
+CASES = [
+    _case(
+        "cp1-decodes-and-a-dummy",
+        _config(),
+        [(3, 900, 1), (0, 17, 1), (-1, 0, 1), (5, 1000, 1), (1, 0, 1), (7, 511, 1)],
+    ),
+    _case(
+        "cp2-i1-sharded-unsharded-disabled",
+        _config(
+            block_sizes=[16, 16, 32],
+            max_num_blocks_per_group=[16, 32, 8],
+            cp_size=2,
+            cp_rank=1,
+            dcp_sharded=[True, False, True],
+            slot_mapping_enabled=[True, True, False],
+        ),
+        [(2, 300, 7), (-1, 5, 3), (6, 0, 1), (4, 40, 20), (1, 2, 2)],
+        padded=40,
+    ),
+    _case(
+        "cp4-i2-kernel-blocks",
+        _config(
+            block_sizes=[16, 32],
+            kernel_block_sizes=[8, 16],
+            max_num_blocks_per_group=[16, 8],
+            cp_size=4,
+            cp_rank=3,
+            cp_interleave=2,
+        ),
+        [(0, 100, 33), (5, 7, 1), (-1, 9, 2), (3, 250, 40)],
+    ),
+    _case(
+        "cp3-i4-not-pow2",
+        _config(block_sizes=[12, 24], cp_size=3, cp_rank=2, cp_interleave=4),
+        [(1, 1000, 30), (2, 5, 5), (-1, 0, 4), (0, 2222, 1)],
+        padded=50,
+        pow2=False,
+    ),
+    _case(
+        "cp2-positions-past-2**31",
+        _config(block_sizes=[2**20], max_num_blocks_per_group=[2100], cp_size=2, cp_rank=1),
+        [(0, 2**31 + 5, 6), (-1, 2**40, 2), (1, 2**31 - 3, 6)],
+        pos32=False,
+    ),
+    _case(
+        "cp1-slots-past-2**31",
+        _config(block_sizes=[16, 12], max_num_blocks_per_group=[64, 96]),
+        [(4, 0, 3), (6, 777, 5), (-1, 3, 1)],
+        padded=16,
+        first_id=2**31 - 400,
+        pow2=False,
+    ),
+    _case(
+        "cp1-request-longer-than-one-step",
+        _config(max_num_batched_tokens=2700, max_num_blocks_per_group=[256, 128]),
+        [(-1, 0, 3), (2, 40, 2500), (5, 3000, 1), (0, 9, 60)],
+    ),
+    _case(
+        "cp2-batch-fills-the-buffer",
+        _config(cp_size=2, cp_rank=1, max_num_batched_tokens=64),
+        [(6, 11, 20), (-1, 0, 0), (2, 500, 1), (1, 64, 43)],
+    ),
+    _case(
+        "cp2-empty-requests-padded-tail",
+        _config(cp_size=2, cp_rank=0, max_num_batched_tokens=128),
+        [(1, 3, 0), (-1, 0, 0), (2, 31, 9), (3, 0, 0)],
+        padded=20,
+    ),
+    _case("no-requests", _config(), [], padded=0),
+]
+
+
+def _batch(requests, num_groups: int):
+    idx = np.array([r for r, _, _ in requests], dtype=np.int32)
+    lens = np.array([n for _, _, n in requests], dtype=np.int64)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    pos = [np.arange(n, dtype=np.int64) + p for _, p, n in requests]
+    pos = np.concatenate([*pos, np.full(5, 2**50, np.int64)])  # garbage past the batch
+    return idx, qsl, pos
+
+
+def _build(torch_device, config: dict, requests, first_id: int):
+    """`BlockTables` and reference with every row the batch names full of distinct ids."""
+    bt = BlockTables(device=torch_device, **config)
+    ref = ReferenceBlockTables(BlockTablesConfig(**config))
+    next_id = first_id
+    for r in sorted({r for r, _, _ in requests if r >= 0}):
+        ids = []
+        for w in config["max_num_blocks_per_group"]:
+            ids.append(list(range(next_id, next_id + w)))
+            next_id += w
+        bt.append_block_ids(r, tuple(ids), True)
+        ref.append_block_ids(r, tuple(ids), True)
+    bt.apply_staged_writes()
+    return bt, ref
+
+
+@pytest.fixture
+def force_layout(monkeypatch):
+    """`force_layout(True)`: every call maps by request, `False`: by tile. Returns the list
+    of the host's answers, one per call that consulted it."""
+
+    def force(request_layout: bool) -> list[bool]:
+        asked: list[bool] = []
+
+        def rule(num_reqs, num_tokens_padded, most_reqs):
+            asked.append(request_layout)
+            return request_layout
+
+        monkeypatch.setattr(slot_mappings, "by_request", rule)
+        return asked
+
+    return force
+
+
+def _launches(name: str, call):
+    """`call()`'s result; asserts it launched one kernel, `name`."""
+    before, total = launch_counts[name], sum(launch_counts.values())
+    result = call()
+    assert sum(launch_counts.values()) - total == 1
+    assert launch_counts[name] - before == 1
+    return result
+
+
+@pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
+@pytest.mark.parametrize(("config", "requests", "padded", "first_id", "flags"), CASES)
+def test_each_layout_maps_every_entry_as_the_reference(
+    torch_device, force_layout, layout, config, requests, padded, first_id, flags
+):
+    bt, ref = _build(torch_device, config, requests, first_id)
+    plan = bt._slot_plan.pick.__self__
+    assert (plan.tile_meta["POS32"], plan.tile_meta["POW2"]) == flags
+    idx, qsl, pos = _batch(requests, bt.num_kv_cache_groups)
+    out_len = bt.max_num_batched_tokens
+    padded = out_len if padded is None else padded
+    expected = ref.slot_mappings(idx, qsl, pos, out_len)
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    asked = force_layout(layout)
+
+    bt.slot_mappings.fill_(GARBAGE)
+    got = _launches(
+        "_compute_slot_mappings_kernel",
+        lambda: bt.compute_slot_mappings(t(idx), t(qsl), t(pos), padded),
+    )
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+    assert got.shape == (bt.num_kv_cache_groups, padded)
+
+    out = torch.full_like(bt.slot_mappings, GARBAGE)
+    _launches(
+        "_compute_slot_mappings_kernel",
+        lambda: bt.compute_slot_mappings(t(idx), t(qsl), t(pos), padded, out=out),
+    )
+    np.testing.assert_array_equal(out.cpu().numpy(), expected)
+
+    bt.slot_mappings.fill_(GARBAGE)
+    _launches(
+        "_gather_and_slot_mappings_kernel",
+        lambda: bt.gather_and_compute_slot_mappings(t(idx), len(idx), t(qsl), t(pos), padded),
+    )
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+    assert asked == [layout] * 3  # the host chose, and chose as forced, for every call
+
+
+@pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
+def test_int64_index_tensors(torch_device, force_layout, layout):
+    config = _config(cp_size=2, cp_rank=1, cp_interleave=2)
+    requests = [(3, 50, 4), (-1, 0, 2), (1, 0, 40), (6, 77, 1)]
+    bt, ref = _build(torch_device, config, requests, 1)
+    idx, qsl, pos = _batch(requests, 2)
+    force_layout(layout)
+    bt.slot_mappings.fill_(GARBAGE)
+    i64 = lambda a: torch.from_numpy(a.astype(np.int64)).to(torch_device)  # noqa: E731
+    bt.compute_slot_mappings(i64(idx), i64(qsl), i64(pos), 60)
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
+# ------------------------------------------------------------------ past a request program's reach
+
+REACH_CONFIG = _config(
+    block_sizes=[16], max_num_batched_tokens=9100, max_num_blocks_per_group=[700]
+)
+REACH_REQUESTS = [(1, 9, 3), (4, 100, slot_mappings.SMALL_BATCH_TOKENS + 900), (2, 5, 1)]
+
+
+def test_request_layout_maps_tokens_past_its_reach_by_tile(torch_device, force_layout):
+    """A request program reaches SMALL_BATCH_TOKENS tokens; the tail programs map the rest as
+    the tile layout does. The host never sends such a step by request; the layouts agree anyway."""
+    bt, ref = _build(torch_device, REACH_CONFIG, REACH_REQUESTS, 3)
+    idx, qsl, pos = _batch(REACH_REQUESTS, 1)
+    force_layout(True)
+    bt.slot_mappings.fill_(GARBAGE)
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), bt.max_num_batched_tokens)
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
+def test_a_batch_larger_than_num_tokens_padded_said_is_still_mapped(torch_device):
+    """Unchecked input (values are not read back on CUDA): the host picks the request layout
+    from `num_tokens_padded`, yet every token of the larger batch gets its slot."""
+    bt, ref = _build(torch_device, REACH_CONFIG, REACH_REQUESTS, 3)
+    bt.validate_inputs = False
+    idx, qsl, pos = _batch(REACH_REQUESTS, 1)
+    assert slot_mappings.by_request(len(idx), 64, bt._slot_plan.pick.__self__.most_reqs)
+    bt.slot_mappings.fill_(GARBAGE)
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 64)
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
+# ------------------------------------------------------------------ the host's choice
+
+
+@pytest.mark.parametrize(
+    ("num_reqs", "num_tokens_padded", "most_reqs", "expected"),
+    [
+        pytest.param(256, 256, 1024, True, id="decode-256-requests"),
+        pytest.param(256, 8192, 1024, True, id="mixed-8192-tokens-256-requests"),
+        pytest.param(128, 8192, 1024, True, id="average-64-tokens"),
+        pytest.param(128, 8193, 1024, False, id="past-8192-tokens"),
+        pytest.param(127, 8192, 1024, False, id="average-past-64-tokens"),
+        pytest.param(1, 8192, 1024, False, id="lone-prefill"),
+        pytest.param(1, 64, 1024, True, id="one-short-request"),
+        pytest.param(9, 100, 8, False, id="more-entries-than-cpu-allows"),
+        pytest.param(8, 100, 8, True, id="as-many-entries-as-cpu-allows"),
+        pytest.param(0, 0, 8, True, id="no-requests-no-tokens"),
+        pytest.param(0, 1, 8, False, id="no-requests-padded-tokens"),
+    ],
+)
+def test_by_request_bounds(num_reqs, num_tokens_padded, most_reqs, expected):
+    assert slot_mappings.by_request(num_reqs, num_tokens_padded, most_reqs) is expected
+
+
+@pytest.mark.parametrize(
+    ("on_host", "num_groups", "most_reqs"),
+    [
+        pytest.param(True, 1, 8, id="cpu-1-group"),
+        pytest.param(True, 3, 2, id="cpu-3-groups"),
+        pytest.param(True, 12, 1, id="cpu-12-groups"),
+        pytest.param(False, 4, 1024, id="cuda-any-batch"),
+    ],
+)
+def test_cpu_maps_by_request_only_where_its_programs_are_few(on_host, num_groups, most_reqs):
+    """The interpreter pays milliseconds per program instance (GPUs do not)."""
+    bt = BlockTables([16] * num_groups, 1024, 300, [8] * num_groups, "cpu")
+    launch = slot_mappings._SlotLaunch(on_host, num_groups, 300, bt._layout, 1, 1024)
+    assert launch.most_reqs == most_reqs
+
+
+@pytest.mark.parametrize(
+    ("padded", "request_layout"),
+    [
+        pytest.param(4 * slot_mappings.SHORT_REQUEST_TOKENS, True, id="at-the-switch"),
+        pytest.param(4 * slot_mappings.SHORT_REQUEST_TOKENS + 1, False, id="one-token-past"),
+    ],
+)
+def test_the_step_at_the_switch_point(torch_device, monkeypatch, padded, request_layout):
+    """Four requests, one group: only `num_tokens_padded` moves the step across the switch,
+    and both sides fill the whole buffer as the reference does."""
+    config = _config(block_sizes=[16], max_num_blocks_per_group=[64], max_num_batched_tokens=300)
+    requests = [(2, 70, 37), (-1, 0, 1), (0, 5, 1), (6, 900, 2)]
+    bt, ref = _build(torch_device, config, requests, 1)
+    idx, qsl, pos = _batch(requests, 1)
+    asked = []
+    rule = slot_mappings.by_request
+    monkeypatch.setattr(slot_mappings, "by_request", lambda *a: asked.append(rule(*a)) or asked[-1])
+    bt.slot_mappings.fill_(GARBAGE)
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), padded)
+    assert asked == [request_layout]
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
