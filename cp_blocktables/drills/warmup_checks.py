@@ -43,14 +43,17 @@ def probe(impl: object, row: int, ids: list[int], device: torch.device) -> list[
 
 
 def staged_not_null(impl: object, rank: int) -> list[dict]:
-    """For the project's own class: the staged lists themselves must hold only 0."""
+    """For the project's own class: the staged lists themselves must hold only the null
+    block, that is its kernel blocks `0..m-1` where `m` kernel blocks make one block
+    (SPEC.md 8.1; just 0 when `m == 1`)."""
     from ..block_tables import BlockTables
 
     if not isinstance(impl, BlockTables):
         return []
     out = []
     for g, t in enumerate(impl.block_tables):
-        bad = [v for v in t._staged_write_contents if v != NULL_BLOCK_ID]
+        m = impl.block_sizes[g] // impl.kernel_block_sizes[g]
+        bad = [v for v in t._staged_write_contents if not NULL_BLOCK_ID <= v < NULL_BLOCK_ID + m]
         if bad:
             out.append(
                 finding(

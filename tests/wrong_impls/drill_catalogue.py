@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from cp_blocktables.contract import NULL_BLOCK_ID
 
-from .stand_in import StandInBlockTables
+from .stand_in import STAND_IN_SIGNATURE, StandInBlockTables
 
 
 class RedirectReadAtConstruction(StandInBlockTables):
     """Reads the flag once, when built: a warm-up that sets it later redirects nothing."""
+
+    __signature__ = STAND_IN_SIGNATURE
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -25,6 +27,8 @@ class RedirectReadAtConstruction(StandInBlockTables):
 
 class RedirectOnClass(StandInBlockTables):
     """Stores the flag on the class: one instance's warm-up redirects every instance."""
+
+    __signature__ = STAND_IN_SIGNATURE
 
     _shared = False
 
@@ -40,6 +44,8 @@ class RedirectOnClass(StandInBlockTables):
 class RedirectLatchedOnError(StandInBlockTables):
     """Keeps redirecting until the null ids it staged are applied: a warm-up that fails between
     append and apply leaves the flag set, whatever the warm-up restores."""
+
+    __signature__ = STAND_IN_SIGNATURE
 
     def __init__(self, *args, **kwargs) -> None:
         self._flag = False
@@ -66,6 +72,8 @@ class RedirectLatchedOnError(StandInBlockTables):
 class RedirectDropsIds(StandInBlockTables):
     """Drops the ids of a redirected append instead of staging zeros (the count still advances):
     the row keeps the ids it held before, blocks that now hold other requests' KV."""
+
+    __signature__ = STAND_IN_SIGNATURE
 
     def append_block_ids(self, req_index, new_block_ids, overwrite):
         if not self.redirect_writes_to_null_block:

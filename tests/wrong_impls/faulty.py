@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 import time
 
-from .stand_in import StandInBlockTables
+from .stand_in import STAND_IN_SIGNATURE, StandInBlockTables
 
 _FAULT_STEP = 3
 """compute_slot_mappings calls before the fault: the ranks are well into the run."""
 
 
 class _OnRankOne(StandInBlockTables):
+    __signature__ = STAND_IN_SIGNATURE
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.calls = 0

@@ -8,6 +8,8 @@ are written here from SPEC.md section 2 directly.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 
@@ -249,3 +251,8 @@ def seed_shaped(
         block_sizes, max_num_reqs, max_num_batched_tokens, max_num_blocks_per_group, device,
         cp_size, cp_rank, cp_interleave, slot_mapping_enabled, dcp_sharded, sliding_window_reach,
     )  # fmt: skip
+
+
+STAND_IN_SIGNATURE = inspect.signature(StandInBlockTables)
+"""For subclasses that forward `*args, **kwargs`: the harness reads the declared keywords to
+learn what an implementation supports, so they declare the stand-in's."""
