@@ -52,6 +52,29 @@ def test_publish_launches_no_copy_and_kernels_see_host_writes():
     assert out[0][0, :3].tolist() == [5, 6, 0]
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (0, 4), (2, 3)], ids=["one-element", "empty", "small"])
+def test_uva_views_of_any_size_alias_their_host_buffer(shape):
+    """Sizes at the edges: one group of one row (a single element) must alias like any other;
+    an empty buffer (zero groups) has nothing to alias and must still publish."""
+    t = UvaBackedTensor(shape, torch.int32, device="cuda")
+    t.np[...] = 7
+    t.copy_to_uva()
+    assert t.gpu.is_cuda and tuple(t.gpu.shape) == shape
+    buf = t.pool._buffers[(t.pool._next - 1) % t.pool.max_concurrency]
+    if t.np.size:
+        assert t.gpu.data_ptr() == buf.cpu.data_ptr()
+        buf.np[...] = 9  # no copy: the device sees the host write
+        assert int(t.gpu.sum()) == 9 * t.np.size
+
+
+def test_one_group_of_one_row_gathers_what_was_published():
+    bt = BlockTables([4], 1, 8, [4], torch.device("cuda"))
+    bt.append_block_ids(0, ([5, 6],), False)
+    bt.apply_staged_writes()
+    out = bt.gather_block_tables(torch.tensor([0], dtype=torch.int32, device="cuda"), 1)
+    assert out[0][0, :3].tolist() == [5, 6, 0]
+
+
 @pytest.mark.parametrize(
     ("max_concurrency", "publishes"),
     [(2, 1), (1, 1), (2, 3), (3, 5)],
