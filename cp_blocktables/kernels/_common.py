@@ -39,13 +39,6 @@ def host_tile(n: int) -> int:
     return min(next_power_of_2(n), HOST_TILE)
 
 
-def host_block(width: int, num_rows: int) -> tuple[int, int]:
-    """`(rows, columns)` per interpreted program over `num_rows` rows of `width`
-    columns: every row, when they fit in `HOST_TILE` elements."""
-    cols = host_tile(width)
-    return max(1, min(HOST_TILE // cols, next_power_of_2(num_rows))), cols
-
-
 def search_steps(n: int, exact: bool = False) -> int:
     """Binary-search iterations for `n` segments (`n.bit_length()`), rounded up
     to a multiple of 4 unless `exact`.

@@ -10,7 +10,8 @@ import torch
 import triton.language as tl
 
 from .._jit import dual_device_fn, dual_jit
-from ._common import cdiv, host_block, next_power_of_2
+from . import _common
+from ._common import cdiv, next_power_of_2
 
 
 @dual_device_fn
@@ -118,17 +119,15 @@ _GATHER_META: dict[tuple, tuple[int, dict]] = {}
 def _gather_meta(
     on_host: bool, max_width: int, mask_window: bool, num_rows: int
 ) -> tuple[int, dict]:
-    """On a GPU, programs of 2048 entries; on CPU (the interpreter), one program
-    per group for every row the launch writes, as far as they fit (`host_block`)."""
-    row_cap = next_power_of_2(num_rows) if on_host else 0
+    """Programs of ROWS x COLS entries: 2048 (at most 512 columns) on a GPU; on CPU (the
+    interpreter) up to `HOST_TILE`, and no more rows than the launch writes."""
+    row_cap = next_power_of_2(num_rows) if on_host else 0  # 0: no cap (and one key)
     key = (on_host, max_width, mask_window, row_cap)
     found = _GATHER_META.get(key)
     if found is None:
-        if on_host:
-            rows, cols = host_block(max_width, row_cap)
-        else:
-            cols = min(next_power_of_2(max_width), 512)
-            rows = max(1, 2048 // cols)
+        budget, max_cols = (_common.HOST_TILE,) * 2 if on_host else (2048, 512)
+        cols = min(next_power_of_2(max_width), max_cols)
+        rows = max(1, min(budget // cols, row_cap or budget))
         meta = dict(MAX_WIDTH=max_width, MASK_WINDOW=mask_window, ROWS=rows, COLS=cols)
         found = _GATHER_META[key] = (rows, meta)
     return found
