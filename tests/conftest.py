@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cp_blocktables import BlockTables, BlockTablesConfig
+from cp_blocktables.kernels import _common, fused_reads, gather, slot_mappings
 from cp_blocktables.reference import ReferenceBlockTables
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -21,6 +22,26 @@ def torch_device(request) -> torch.device:
     (Not `device`: that name belongs to the multi-rank plugin's per-rank fixture.)
     """
     return torch.device(request.param)
+
+
+def _clear_launch_constants() -> None:
+    for cache in (gather._GATHER_META, slot_mappings._SLOT_META, fused_reads._FUSED_META):
+        cache.clear()
+
+
+@pytest.fixture(params=["one-program", "small-tiles"])
+def host_tiles(request, monkeypatch, torch_device) -> str:
+    """Interpreted launches as they run (one program over everything that fits) and in
+    2048-element tiles: then the multi-program paths that a GPU always takes (a slot tile
+    wholly inside one request, later row blocks, the gather's column loop, several apply
+    programs) run on CPU too. Build `BlockTables` after this fixture: plans bind tiles."""
+    if request.param == "small-tiles":
+        if torch_device.type != "cpu":
+            pytest.skip("on CUDA the tiles are the GPU's own")
+        monkeypatch.setattr(_common, "HOST_TILE", 2048)
+    _clear_launch_constants()
+    yield request.param
+    _clear_launch_constants()
 
 
 class Pair:

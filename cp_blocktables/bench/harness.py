@@ -64,7 +64,7 @@ def _run_once(bench: HarnessBench, preset: str, path: str, checks: str) -> tuple
     )
     t0 = time.monotonic()
     if opts.spawned:
-        code = spawn_local(bench.world_size, lambda: run_rank(opts), opts.timeout)
+        code = spawn_local(bench.world_size, lambda: run_rank(opts), opts.timeout, opts.impls)
     else:
         code = run_rank(opts)
     return code, time.monotonic() - t0

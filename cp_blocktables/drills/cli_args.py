@@ -97,7 +97,7 @@ def run_live_state(args: argparse.Namespace) -> int:
 
     if not opts.spawned:
         return run_drill_rank(opts)
-    return spawn_local(opts.world_size, lambda: run_drill_rank(opts), opts.timeout)
+    return spawn_local(opts.world_size, lambda: run_drill_rank(opts), opts.timeout, opts.impls)
 
 
 def add_wake_up_arguments(p: argparse.ArgumentParser) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import numpy as np
 import torch
 
@@ -35,7 +37,7 @@ class _KvChecks:
         bs, c, inter = self.block_sizes[g], self.group_cp[g], self.preset.cp_interleave
         kbs = self.kernel_sizes[g]
         row = np.asarray(self.req_blocks[req.uid][g], dtype=np.int64)
-        dead = self.req_dead[req.uid][g]
+        dead = np.fromiter(self.req_dead[req.uid][g], dtype=np.int64)  # dead table columns
         found, seen = [], np.zeros(req.seq_len, dtype=np.int64)
         for k in range(self.cp_size):
             kk = k if c > 1 else 0
@@ -43,9 +45,9 @@ class _KvChecks:
             n_local = reference.local_len(req.seq_len, kk, c, inter)
             slots = reference.read_slots(row, n_local, bs, kernel_block_size=kbs)
             q = np.arange(n_local)
-            live = np.array([(j not in dead) for j in (q // bs).tolist()], dtype=bool)
-            cache = self.kv[k][g]
-            got = np.array([cache.get(s, -1) for s in slots[live].tolist()], dtype=np.int64)
+            live = ~np.isin(q // bs, dead)
+            keys = slots[live].tolist()  # looked up in one C-level pass over the cache
+            got = np.fromiter(map(self.kv[k][g].get, keys, repeat(-1)), np.int64, len(keys))
             want = (req.uid << _TAG_SHIFT) | owned[live]
             ok = got == want
             self.stats[g, k, 5] += int(ok.sum())

@@ -219,7 +219,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
     if not opts.spawned:
         return run_rank(opts)
-    return spawn_local(opts.world_size, lambda: run_rank(opts), opts.timeout)
+    return spawn_local(opts.world_size, lambda: run_rank(opts), opts.timeout, opts.impls)
 
 
 VERIFY = Subcommand(
@@ -311,7 +311,9 @@ def run_soak(args: argparse.Namespace) -> int:
 
     if not opts.rounds.spawned:
         return soak_rank(opts)
-    return spawn_local(opts.rounds.world_size, lambda: soak_rank(opts), opts.rounds.timeout)
+    return spawn_local(
+        opts.rounds.world_size, lambda: soak_rank(opts), opts.rounds.timeout, opts.rounds.impls
+    )
 
 
 SOAK = Subcommand(

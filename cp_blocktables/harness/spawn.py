@@ -1,9 +1,9 @@
 """Spawning the ranks locally: `spawn_local` forks `world_size` ranks of the current
-process (the parent has already imported torch, so a rank starts in
-milliseconds), hosts the rendezvous store itself as torchrun's agent does,
-sets the same environment torchrun sets, waits, and kills every rank that is
-still alive once one has failed and the others have had the collective
-timeout to notice. Every child is gone when it returns.
+process (the parent has already imported torch, and our implementation when
+it is under test, so a rank starts in milliseconds), hosts the rendezvous
+store itself as torchrun's agent does, sets the same environment torchrun
+sets, waits, and kills every rank that is still alive once one has failed and
+the others have had the collective timeout to notice. Every child is gone when it returns.
 """
 
 from __future__ import annotations
@@ -15,18 +15,24 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 
-def spawn_local(world_size: int, rank_main: Callable[[], int], timeout: float) -> int:
+def spawn_local(
+    world_size: int, rank_main: Callable[[], int], timeout: float, impls: Sequence[str] = ()
+) -> int:
     """Fork `world_size` ranks that each run `rank_main()` under a torchrun-like environment.
 
+    `impls`: the implementations the ranks will load (see `impl_loader.preload`).
     Returns rank 0's exit code, or 1 when any rank failed or had to be killed.
     """
+    from .impl_loader import preload
+
+    preload(impls)
     sys.stdout.flush()
     sys.stderr.flush()
     ctx = multiprocessing.get_context("fork")

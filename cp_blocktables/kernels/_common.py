@@ -2,6 +2,12 @@
 
 Plain Python on purpose: Triton's helpers of the same names cost microseconds
 a call on the launch path.
+
+Tiles differ by back end. A GPU wants many small programs; Triton's
+interpreter runs each program's every operation as a numpy call behind tens of
+microseconds of Python, whatever the operation's size, so on CPU a launch runs
+as few, large programs as `HOST_TILE` allows, and loop bounds need no rounding
+(the interpreter compiles nothing, so a new constant costs nothing).
 """
 
 from __future__ import annotations
@@ -23,13 +29,26 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def search_steps(n: int) -> int:
-    """Binary-search iterations for `n` segments, rounded up to a multiple of 4.
+HOST_TILE = 1 << 16
+"""Most elements one interpreted program works on. Past this numpy's own work
+dominates an operation's cost, and bigger temporaries only cost memory."""
+
+
+def host_tile(n: int) -> int:
+    """Elements per interpreted program for a launch over `n`: all of them, up to `HOST_TILE`."""
+    return min(next_power_of_2(n), HOST_TILE)
+
+
+def search_steps(n: int, exact: bool = False) -> int:
+    """Binary-search iterations for `n` segments (`n.bit_length()`), rounded up
+    to a multiple of 4 unless `exact`.
 
     Loop bounds are compile-time constants (some Triton interpreters cannot
-    loop over a runtime scalar); rounding keeps the number of variants small.
+    loop over a runtime scalar); rounding keeps the number of compiled variants
+    small. The interpreter compiles nothing: it takes the `exact` count.
     """
-    return -(-n.bit_length() // 4) * 4
+    steps = n.bit_length()
+    return steps if exact else -(-steps // 4) * 4
 
 
 def is_pow2(n: int) -> bool:

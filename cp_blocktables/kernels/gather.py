@@ -10,6 +10,7 @@ import torch
 import triton.language as tl
 
 from .._jit import dual_device_fn, dual_jit
+from . import _common
 from ._common import cdiv, next_power_of_2
 
 
@@ -115,13 +116,18 @@ _GATHER_META: dict[tuple, tuple[int, dict]] = {}
 """`(rows per program, constexprs)` per launch shape: computed once, not on every call."""
 
 
-def _gather_meta(on_host: bool, max_width: int, mask_window: bool) -> tuple[int, dict]:
-    key = (on_host, max_width, mask_window)
+def _gather_meta(
+    on_host: bool, max_width: int, mask_window: bool, num_rows: int
+) -> tuple[int, dict]:
+    """Programs of ROWS x COLS entries: 2048 (at most 512 columns) on a GPU; on CPU (the
+    interpreter) up to `HOST_TILE`, and no more rows than the launch writes."""
+    row_cap = next_power_of_2(num_rows) if on_host else 0  # 0: no cap (and one key)
+    key = (on_host, max_width, mask_window, row_cap)
     found = _GATHER_META.get(key)
     if found is None:
-        budget, max_cols = (16384, 4096) if on_host else (2048, 512)
+        budget, max_cols = (_common.HOST_TILE,) * 2 if on_host else (2048, 512)
         cols = min(next_power_of_2(max_width), max_cols)
-        rows = max(1, budget // cols)
+        rows = max(1, min(budget // cols, row_cap or budget))
         meta = dict(MAX_WIDTH=max_width, MASK_WINDOW=mask_window, ROWS=rows, COLS=cols)
         found = _GATHER_META[key] = (rows, meta)
     return found
@@ -145,7 +151,7 @@ def gather_launch_args(
     """`(grid, args, constexprs)` of a gather: grid `(row blocks, num_groups)`."""
     num_groups = src_ptrs.shape[0]
     mask_window = num_computed_tokens is not None
-    rows, meta = _gather_meta(idx_mapping.is_cpu, max_width, mask_window)
+    rows, meta = _gather_meta(idx_mapping.is_cpu, max_width, mask_window, num_rows)
     args = (
         idx_mapping,
         idx_mapping.shape[0],

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from .._jit import dual_jit
 from ..contract import PAD_SLOT_ID
-from ._common import cdiv, is_pow2, on_cpu, search_steps
+from ._common import cdiv, host_tile, is_pow2, on_cpu, search_steps
 from .layout import GroupLayout
 from .slot_programs import slot_program
 
@@ -100,7 +100,7 @@ class _SlotLaunch:
         )
         self.tile_meta = dict(
             NUM_GROUPS=num_groups,
-            SEARCH_STEPS=search_steps(max_num_reqs),
+            SEARCH_STEPS=search_steps(max_num_reqs, exact=on_host),
             POS32=layout.max_span < 2**31,
             POW2=layout.pow2 and is_pow2(cp_interleave),
             PAD_ID=PAD_SLOT_ID,
@@ -285,5 +285,5 @@ def _slot_mapping_tile(device: torch.device, out_len: int) -> tuple[int, int]:
     and 2048-8192 (4-16 warps) by 20-50%.
     """
     if on_cpu(device):
-        return 8192, 4
+        return host_tile(out_len), 4
     return 512, 4

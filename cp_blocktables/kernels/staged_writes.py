@@ -6,7 +6,7 @@ import torch
 import triton.language as tl
 
 from .._jit import dual_jit
-from ._common import cdiv, on_cpu, search_steps
+from ._common import cdiv, host_tile, on_cpu, search_steps
 
 
 @dual_jit(do_not_specialize=("num_writes", "num_elems"))
@@ -86,7 +86,8 @@ def _launch_apply(
     device, dst, dst_strides, tensor_ids, rows, starts, cu_lens, contents, fused: bool
 ) -> None:
     num_writes, num_elems = rows.shape[0], contents.shape[0]
-    tile = 8192 if on_cpu(device) else 1024
+    on_host = on_cpu(device)
+    tile = host_tile(num_elems) if on_host else 1024
     # grid: (cdiv(num_elems, TILE),); one program writes TILE content elements,
     # each finding its write by binary search over cu_lens (and, fused, its
     # destination's pointer and stride).
@@ -102,7 +103,7 @@ def _launch_apply(
         contents,
         num_writes,
         num_elems,
-        SEARCH_STEPS=search_steps(num_writes),
+        SEARCH_STEPS=search_steps(num_writes, exact=on_host),
         FUSED=fused,
         TILE=tile,
     )

@@ -92,8 +92,8 @@ def test_batch_order_differs_from_row_order(pair):
 
 
 @pytest.mark.parametrize("first", [3000, 1100], ids=["tail-crosses-tiles", "tail-in-tile"])
-def test_smaller_step_pads_stale_tail(pair, first):
-    """A step smaller than the one before leaves no stale slot, across the 1024-token tile."""
+def test_smaller_step_pads_stale_tail(host_tiles, pair, first):
+    """A step smaller than the one before leaves no stale slot, across tiles and within one."""
     p = pair(
         block_sizes=[16],
         max_num_reqs=2,
@@ -240,6 +240,20 @@ def test_dummy_block_tables_zero_persistent_rows(pair):
     np.testing.assert_array_equal(p.bt.input_block_tables[0].cpu().numpy(), 0)
 
 
+def test_gather_many_wide_rows(host_tiles, pair):
+    """Rows wider than a small tile and more rows than one program takes (the column loop,
+    several row blocks, a multi-program apply); dummy and padding rows zeroed in full."""
+    p = pair(block_sizes=[4, 8], max_num_reqs=9, max_num_batched_tokens=16,
+             max_num_blocks_per_group=[2100, 300])  # fmt: skip
+    for r in range(9):
+        p.append(r, (list(range(r + 1, r + 1 + 262 * r + 4)), list(range(1, 30 * r + 2))))
+    p.bt.apply_staged_writes()
+    p.gather([8, 3, -1, 0, 7, 5, 1], 9)
+    out = p.gather([2, -1, 6], 3, num_rows=9)
+    np.testing.assert_array_equal(out[0][1], 0)
+    np.testing.assert_array_equal(p.bt.input_block_tables[1][3:].cpu().numpy(), 0)
+
+
 # ------------------------------------------------------------------ sizes
 
 
@@ -254,7 +268,7 @@ def test_positions_past_int32_in_a_huge_table(pair):
     assert out[0, 0] == 1025 * bs + 2 and out[0, 1] == P
 
 
-def test_long_prefill_spanning_many_tiles(pair):
+def test_long_prefill_spanning_many_tiles(host_tiles, pair):
     """Tiles wholly inside one request skip the per-token search; their slots must not."""
     n = 20_000
     p = pair(
