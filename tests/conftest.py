@@ -25,7 +25,7 @@ def torch_device(request) -> torch.device:
 
 
 def _clear_launch_constants() -> None:
-    for cache in (gather._GATHER_META, slot_mappings._SLOT_META, fused_reads._FUSED_META):
+    for cache in (gather._GATHER_META, slot_mappings._SLOT_LAUNCHES, fused_reads._FUSED_META):
         cache.clear()
 
 

@@ -90,10 +90,13 @@ class _SlotLaunch:
         tile, warps = _slot_mapping_tile(device, out_len)
         req_tile, req_tiles = _request_tile(device, out_len)
         cover = req_tile * req_tiles
-        # A tail program's tile lies wholly below or wholly past a request program's reach.
-        assert cover >= out_len or cover % tile == 0
+        # A tail program's tile must lie wholly below or wholly past a request program's
+        # reach: where the tile layout's tile (up to HOST_TILE on CPU) passes the reach, the
+        # request layout's tail programs take the largest power of two dividing it.
+        tail = tile if cover >= out_len or cover % tile == 0 else min(tile, cover & -cover)
         self.num_groups = num_groups
         self.tiles = cdiv(out_len, tile) if num_groups else 0  # programs by tile; 0: no launch
+        self.tail_tiles = cdiv(out_len, tail) if num_groups else 0  # tail programs by request
         # The interpreter pays per program instance: few request programs on CPU.
         self.most_reqs = (
             max(1, INTERPRETED_REQUEST_PROGRAMS // max(num_groups, 1)) if on_host else max_num_reqs
@@ -111,13 +114,14 @@ class _SlotLaunch:
             num_warps=warps,
         )
         self.request_meta = {
-            **self.tile_meta, "BY_REQUEST": True, "REQ_TILE": req_tile, "REQ_TILES": req_tiles
+            **self.tile_meta, "BY_REQUEST": True, "REQ_TILE": req_tile, "REQ_TILES": req_tiles,
+            "TILE": tail,
         }  # fmt: skip
 
     def pick(self, num_reqs: int, num_tokens_padded: int) -> tuple[int, dict]:
         """`(programs, constexprs)` of one call, in the layout `by_request` picks."""
         if self.tiles and by_request(num_reqs, num_tokens_padded, self.most_reqs):
-            return self.tiles + num_reqs * self.num_groups, self.request_meta
+            return self.tail_tiles + num_reqs * self.num_groups, self.request_meta
         return self.tiles, self.tile_meta
 
 
