@@ -12,6 +12,8 @@ as few, large programs as `HOST_TILE` allows, and loop bounds need no rounding
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 
@@ -29,9 +31,28 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-HOST_TILE = 1 << 16
-"""Most elements one interpreted program works on. Past this numpy's own work
-dominates an operation's cost, and bigger temporaries only cost memory."""
+HOST_TILE_ENV = "CPBT_HOST_TILE"
+
+
+def _host_tile_setting() -> int:
+    """`HOST_TILE`, or the power of two >= 16 that `CPBT_HOST_TILE` names.
+
+    `cp-blocktables mutate` sets it to 16 for every mutant: the mutation
+    presets' steps of a few dozen tokens then take several programs a launch,
+    the paths a GPU always takes and large CPU tiles never reach.
+    """
+    text = os.environ.get(HOST_TILE_ENV)
+    if text is None:
+        return 1 << 16
+    if not text.isdigit() or int(text) < 16 or int(text) & (int(text) - 1):
+        raise ValueError(f"{HOST_TILE_ENV} must be a power of two >= 16, got {text!r}")
+    return int(text)
+
+
+HOST_TILE = _host_tile_setting()
+"""Most elements one interpreted program works on (default 65,536). Past this
+numpy's own work dominates an operation's cost, and bigger temporaries only
+cost memory."""
 
 
 def host_tile(n: int) -> int:

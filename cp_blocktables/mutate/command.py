@@ -31,6 +31,10 @@ from . import outcome, scratch, session
 from .probe import INCOMPETENT_EXIT
 
 DEFAULT_PRESETS = ("mutation", "mutation-cp1", "mutation-odd", "groups-0")
+MUTANT_HOST_TILE = 16
+"""Elements per interpreted program in the fast stage: the mutation presets' small steps
+then take several programs a launch, as every launch on a GPU does (the confirming run
+keeps the default tiles)."""
 
 
 def add_mutate_arguments(p: argparse.ArgumentParser) -> None:
@@ -130,6 +134,7 @@ def test_command(
     """The per-mutant command: the probe, `verify --impl` on the copy, then the confirming run."""
     imports = [f"{sp.package}.{name}" for name in sorted(sp.modules)]
     cmd = [sys.executable, "-m", "cp_blocktables.mutate.probe", "--scratch", str(sp.root)]
+    cmd += ["--host-tile", str(MUTANT_HOST_TILE)]
     for name in imports:
         cmd += ["--import", name]
     cmd += ["--", *fast.args(sp, collective_timeout)]

@@ -12,7 +12,9 @@
    that the harness killed.
 3. Runs `python -m cp_blocktables ARGS` in this process (`runpy`), the
    harness's public entry point, and exits with its code: 0 (the mutant
-   survived) or non-zero (killed).
+   survived) or non-zero (killed). With `--host-tile N` the copy's kernels
+   run interpreted programs of N elements (`CPBT_HOST_TILE`), so that the
+   small mutation presets take several programs a launch.
 4. When a second `--` gives a confirming run (by default `mutate` passes the
    default sweep) and the first run passed, runs that too: the fast presets
    are a proxy, and a mutant survives only if the default sweep also passes
@@ -26,12 +28,14 @@ import argparse
 import importlib
 import os
 import runpy
+import subprocess
 import sys
 import traceback
 
 INCOMPETENT_MARKER = "CPBT-MUTATE: INCOMPETENT"
 INCOMPETENT_EXIT = 3
 CONFIRM_KILL_MARKER = "CPBT-MUTATE: KILLED BY THE CONFIRMING RUN"
+HOST_TILE_ENV = "CPBT_HOST_TILE"  # kernels/_common.py reads it (named here: no kernel import)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cp_blocktables.mutate.probe")
     p.add_argument("--scratch", required=True)
     p.add_argument("--import", dest="imports", action="append", default=[])
+    p.add_argument("--host-tile", type=int, default=0)
     args = p.parse_args(argv[:split])
+    if args.host_tile:  # before the copy is imported: the kernels read it at import
+        os.environ[HOST_TILE_ENV] = str(args.host_tile)
     sys.path.insert(0, args.scratch)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         x for x in (args.scratch, os.environ.get("PYTHONPATH", "")) if x
@@ -63,10 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     code = _harness(rest)
     if code != 0 or confirm is None:
         return code
-    code = _harness(confirm)
+    code = _confirm(confirm)
     if code != 0:
         print(CONFIRM_KILL_MARKER, flush=True)
     return code
+
+
+def _confirm(args: list[str]) -> int:
+    """The confirming run, in a process of its own with the default tiles: this one's
+    imported kernels (and ranks forked from it) keep the fast stage's `--host-tile`."""
+    env = {k: v for k, v in os.environ.items() if k != HOST_TILE_ENV}
+    return subprocess.run([sys.executable, "-m", "cp_blocktables", *args], env=env).returncode
 
 
 def _harness(args: list[str]) -> int:
