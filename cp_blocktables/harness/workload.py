@@ -201,9 +201,8 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
                 tuple(int(x) for x in rng.integers(1, top, n_blocks))
                 for _ in range(self.num_groups)
             )
-            if (
-                i == 0 and ids
-            ):  # the largest legal id of each group: its last kernel id is 2**31 - 1
+            # The first row gets each group's largest legal id: its last kernel id is 2**31 - 1.
+            if i == 0 and ids:
                 ids = tuple(
                     (2**31 // self.p.kernel_factor(g) - 1, *ids[g][1:]) for g in range(len(ids))
                 )
