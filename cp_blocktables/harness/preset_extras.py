@@ -109,6 +109,7 @@ MUTATION_PRESETS: tuple[Preset, ...] = (
             GroupSpec(7),
             GroupSpec(3, window=9),
             GroupSpec(15, enabled=False),
+            GroupSpec(5, window=1),  # the shortest window: masking must start at reach 1
         ),
         integrity_checks=True,  # SPEC.md 8.3: a false alarm of a check fails the run
         cp_size=1,
