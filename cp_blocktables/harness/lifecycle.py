@@ -96,9 +96,10 @@ class _Allocator:
 
 
 class _LifeCycle:
-    def __init__(self, preset: Preset, seed: int) -> None:
+    def __init__(self, preset: Preset, seed: int, draw: int = 0) -> None:
         self.p = preset
-        self.rng = np.random.default_rng(np.random.SeedSequence([seed, _name_key(preset.name)]))
+        entropy = [seed, _name_key(preset.name), *([draw] if draw else [])]
+        self.rng = np.random.default_rng(np.random.SeedSequence(entropy))
         self.corners: Counter[str] = Counter({c: 0 for c in CORNERS})
         cfg = preset.config(0)
         self.cfg = cfg

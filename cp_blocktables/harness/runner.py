@@ -140,7 +140,7 @@ class _PresetRun:
 
     def run(self) -> dict | None:
         t0 = time.monotonic()
-        workload = generate(self.preset, self.seed)
+        workload = generate(self.preset, self.seed, reach=self._corners_enforced())
         self.workload_steps = workload.steps
         impl, executor, found = self._build()
         checker = None
@@ -280,9 +280,13 @@ class _PresetRun:
             rank=self.cp_rank,
         )
 
+    def _corners_enforced(self) -> bool:
+        """A preset run at its own steps and CP size must reach every corner it promises."""
+        return self.opts.cp_size is None and self.opts.steps is None
+
     def _result(self, workload: Workload, checker: GroupChecker, wall: float) -> dict:
         p = self.preset
-        enforced = self.opts.cp_size is None and self.opts.steps is None
+        enforced = self._corners_enforced()
         plot = None
         if checker.plot_points and checker.plot_group is not None:
             plot = {

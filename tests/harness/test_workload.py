@@ -9,7 +9,7 @@ import pytest
 
 from cp_blocktables.contract import INT32_MAX, NULL_BLOCK_ID
 from cp_blocktables.harness import presets
-from cp_blocktables.harness.workload import generate
+from cp_blocktables.harness.workload import _Generator, generate
 
 PRESET_NAMES = list(presets.PRESETS)
 SEEDS = [0, 1, 7]
@@ -34,6 +34,42 @@ def test_other_seed_gives_another_workload(preset):
 def test_every_promised_corner_is_reached(preset, seed):
     w = generate(preset, seed)
     assert w.missing_corners() == [], f"{preset.name} seed {seed} misses {w.missing_corners()}"
+
+
+# (preset, seed) whose first draw misses a promised corner: a soak's fresh seeds hit such
+# seeds within rounds, and a correct implementation must not fail for them.
+SHORT_FIRST_DRAWS = [("kbs-cp1", 14), ("groups-1", 11), ("cp4-interleave", 2), ("mutation-odd", 16)]
+
+
+@pytest.mark.parametrize(
+    ("name", "seed"), SHORT_FIRST_DRAWS, ids=[f"{n}-seed{s}" for n, s in SHORT_FIRST_DRAWS]
+)
+def test_a_seed_whose_first_draw_falls_short_still_keeps_every_promise(name, seed):
+    preset = presets.PRESETS[name]
+    assert _Generator(preset, seed, 0).run().missing_corners() != []  # the case is real
+    w = generate(preset, seed)
+    assert w.missing_corners() == [] and w.seed == seed
+    assert w.digest == generate(preset, seed).digest  # still one workload per seed
+
+
+def test_a_first_draw_that_reaches_everything_is_kept():
+    preset = presets.PRESETS["cp2-i1"]
+    assert generate(preset, 0).digest == _Generator(preset, 0, 0).run().digest
+
+
+def test_without_reach_one_draw_is_taken_as_it_falls():
+    preset = presets.PRESETS["kbs-cp1"]
+    w = generate(preset, 14, reach=False)
+    assert w.digest == _Generator(preset, 14, 0).run().digest
+    assert w.missing_corners() == ["window_boundary"]
+
+
+@pytest.mark.parametrize("seed_block", range(4), ids=lambda b: f"seeds{8 + 8 * b}-{15 + 8 * b}")
+def test_fresh_seeds_keep_every_promise(preset, seed_block):
+    """What a soak relies on: any seed, not only the few the sweep uses."""
+    for seed in range(8 + 8 * seed_block, 16 + 8 * seed_block):
+        missing = generate(preset, seed).missing_corners()
+        assert missing == [], f"{preset.name} seed {seed} misses {missing}"
 
 
 def test_sweep_covers_every_cp_size_and_interleave_range():
