@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import outcome, scratch, session
+from . import outcome, scratch, session, shares
 from .probe import INCOMPETENT_EXIT
 
 DEFAULT_PRESETS = ("mutation", "mutation-cp1", "mutation-odd", "groups-0")
@@ -104,6 +104,36 @@ def add_mutate_arguments(p: argparse.ArgumentParser) -> None:
         help="build the copy and the session, print the mutant count, run nothing",
     )
     p.add_argument("--progress", action="store_true", help="print progress every 30 s")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="mutants run at once, each on a copy of its own (default 1; a mutant's fast "
+        "stage takes 2 cores)",
+    )
+    p.add_argument(
+        "--shares",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sessions the run is split into (default: --jobs); more shares than jobs lets a "
+        "later --resume on a bigger host run more at once",
+    )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop S seconds after the start (setup and baseline included); what is left "
+        "stays pending in --work-dir for --resume (exit 3)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="run what is pending in the sessions of --work-dir (made here or on another "
+        "host), after copying the pristine implementation again",
+    )
 
 
 def _project() -> tuple[Path, Path]:
@@ -168,7 +198,8 @@ def _verify_args(
 def run_mutate(args: argparse.Namespace) -> int:
     try:
         session.require_cosmic_ray()
-    except session.CosmicRayError as e:
+        _check_args(args)
+    except (session.CosmicRayError, ValueError) as e:
         print(f"cp-blocktables mutate: error: {e}", file=sys.stderr)
         return 2
     source_dir, root = _project()
@@ -184,11 +215,27 @@ def run_mutate(args: argparse.Namespace) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+    if args.shares is not None and args.shares < 1:
+        raise ValueError(f"--shares must be at least 1, got {args.shares}")
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise ValueError(f"--time-limit must be positive, got {args.time_limit:g}")
+    if args.resume and not args.work_dir:
+        raise ValueError("--resume needs the --work-dir of the run to resume")
+    if args.resume and (args.sample is not None or args.shares is not None):
+        raise ValueError("--resume keeps the run's mutants and shares: no --sample or --shares")
+
+
 def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> int:
     started = time.monotonic()
-    sp = scratch.build_scratch(work / "src", source_dir)
+    count = shares.existing_count(work) if args.resume else args.shares or args.jobs
+    if not count:
+        raise ValueError(f"--resume: no mutation session in {work}")
+    parts = shares.build(work, source_dir, count)
     patterns = [x for m in args.modules or [] for x in m.split(",") if x]
-    chosen = sp.select(patterns)
+    names = list(parts[0].sp.select(patterns))
     presets = args.preset or list(DEFAULT_PRESETS)
     fast = HarnessRun(tuple(presets), args.world_size)
     confirm = (
@@ -197,53 +244,55 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
         else HarnessRun(tuple(args.confirm_preset or ()), args.confirm_world_size)
     )
     env = session.child_env([root])
-    probe_timeout = args.timeout or 900.0
-    cmd = test_command(sp, fast, confirm, max(10.0, probe_timeout / 2))
-    config, db, log = work / "cosmic-ray.toml", work / "session.sqlite", work / "exec.log"
-    origins = {str(sp.modules[n]): str(sp.origins[n].relative_to(root)) for n in sp.modules}
-    print(f"mutate: {len(chosen)} modules: {', '.join(origins[str(p)] for p in chosen.values())}")
+    origins = {
+        str(path.relative_to(work)): str(sh.sp.origins[n].relative_to(root))
+        for sh in parts
+        for n, path in sh.sp.modules.items()
+    }
+    chosen = [str(parts[0].sp.origins[n].relative_to(root)) for n in names]
+    print(f"mutate: {len(names)} modules: {', '.join(chosen)}")
+    timeout = args.timeout or 60.0
     if not args.dry_run:
-        t0 = time.monotonic()
-        code, out = session.run_test_command(cmd, env, probe_timeout)
-        baseline = time.monotonic() - t0
-        if code != 0:
-            what = "does not import" if code == INCOMPETENT_EXIT else f"fails (exit {code})"
-            print(
-                f"cp-blocktables mutate: error: the unmutated copy {what}; nothing to "
-                f"measure\n{out[-4000:]}",
-                file=sys.stderr,
-            )
+        timeout = _baseline(args, parts[0].sp, fast, confirm, env)
+        if timeout is None:
             return 2
-        timeout = args.timeout or max(60.0, 5 * baseline)
-        print(f"mutate: baseline passed in {baseline:.1f} s; timeout {timeout:.0f} s a mutant")
-        cmd = test_command(sp, fast, confirm, max(10.0, timeout / 2))
+    for sh in parts:
+        modules = [sh.sp.modules[n].relative_to(work) for n in names]
+        sh_cmd = test_command(sh.sp, fast, confirm, max(10.0, timeout / 2))
+        session.write_config(sh.config, modules, sh_cmd, timeout)
+    if args.resume:
+        total, annotation = (
+            session.count(parts[0].db)[1],
+            session.count_annotation_skips(parts[0].db),
+        )
+        pending = sum(session.count_pending(sh.db) for sh in parts)
+        print(f"mutate: resuming {count} shares: {total} mutants, {pending} still to run")
     else:
-        timeout = args.timeout or 60.0
-    session.write_config(config, list(chosen.values()), cmd, timeout)
-    session.cosmic_ray(["init", str(config), str(db), "--force"], env=env)
-    total = session.count(db)[1]
-    annotation = session.skip_annotations(db)
-    pending = total - annotation
-    if args.sample is not None:
-        pending = session.sample(db, args.sample, args.seed)
-    print(
-        f"mutate: {total} mutants, {annotation} in never-evaluated annotations, {pending} to run"
-        + (f" (sample of {args.sample}, seed {args.seed})" if args.sample is not None else "")
-    )
+        total, annotation, pending = _init(args, parts, work, env)
     if args.dry_run:
         return 0
-    session.execute(config, db, env, log, args.progress)
+    left = None if args.time_limit is None else args.time_limit - (time.monotonic() - started)
+    finished = shares.execute(parts, work, env, args.jobs, args.progress, left)
     allow_path = Path(args.allowlist) if args.allowlist else root / "docs" / "mutation.md"
-    vs = outcome.verdicts(session.read_mutants(db), origins, outcome.read_allowlist(allow_path))
+    allowlist = outcome.read_allowlist(allow_path)
+    vs = [
+        v for sh in parts for v in outcome.verdicts(session.read_mutants(sh.db), origins, allowlist)
+    ]
     summary = outcome.summarize(vs, total, annotation)
+    summary["pending"] = sum(session.count_pending(sh.db) for sh in parts)
     wall = time.monotonic() - started
     print(outcome.render(summary, vs))
     print(f"wall time: {wall:.0f} s")
+    if not finished:
+        print(
+            f"mutate: stopped by --time-limit with {summary['pending']} mutants pending; "
+            f"run them with --resume --work-dir {work}"
+        )
     if args.report:
         report = {
             "date": datetime.date.today().isoformat(),
             "command": ["cp-blocktables", "mutate", *sys.argv[2:]],
-            "test_command": cmd,
+            "test_command": test_command(parts[0].sp, fast, confirm, max(10.0, timeout / 2)),
             "presets": presets,
             "world_size": args.world_size,
             "confirm": None
@@ -252,7 +301,7 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
                 "presets": list(confirm.presets) or ["(default sweep)"],
                 "world_size": confirm.world_size,
             },  # fmt: skip
-            "modules": sorted(origins[str(p)] for p in chosen.values()),
+            "modules": sorted(chosen),
             "sample": args.sample,
             "seed": args.seed,
             "timeout_s": timeout,
@@ -261,4 +310,53 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
             "verdicts": [v.as_dict() for v in vs],
         }
         Path(args.report).write_text(json.dumps(report, indent=1) + "\n")
-    return 1 if summary["unexplained_survivors"] else 0
+    if summary["unexplained_survivors"]:
+        return 1
+    return 3 if summary["pending"] else 0
+
+
+def _baseline(
+    args: argparse.Namespace,
+    sp: scratch.ScratchPackage,
+    fast: HarnessRun,
+    confirm: HarnessRun | None,
+    env: dict[str, str],
+) -> float | None:
+    """Run the unmutated copy; the per-mutant timeout, or None (printed) when it fails."""
+    probe_timeout = args.timeout or 900.0
+    cmd = test_command(sp, fast, confirm, max(10.0, probe_timeout / 2))
+    t0 = time.monotonic()
+    code, out = session.run_test_command(cmd, env, probe_timeout)
+    baseline = time.monotonic() - t0
+    if code != 0:
+        what = "does not import" if code == INCOMPETENT_EXIT else f"fails (exit {code})"
+        print(
+            f"cp-blocktables mutate: error: the unmutated copy {what}; nothing to "
+            f"measure\n{out[-4000:]}",
+            file=sys.stderr,
+        )
+        return None
+    timeout = args.timeout or max(60.0, 5 * baseline)
+    print(f"mutate: baseline passed in {baseline:.1f} s; timeout {timeout:.0f} s a mutant")
+    return timeout
+
+
+def _init(
+    args: argparse.Namespace, parts: list[shares.Share], work: Path, env: dict[str, str]
+) -> tuple[int, int, int]:
+    """`cosmic-ray init` every share, skip annotations, sample, split: (total, annotation,
+    to run)."""
+    shares.init_all(parts, work, env, args.jobs)
+    total = session.count(parts[0].db)[1]
+    pending = 0
+    for sh in parts:
+        annotation = session.skip_annotations(sh.db, work)
+        if args.sample is not None:
+            session.sample(sh.db, args.sample, args.seed)
+        pending += shares.keep_share(sh.db, sh.index, len(parts))
+    print(
+        f"mutate: {total} mutants, {annotation} in never-evaluated annotations, {pending} to run"
+        + (f" (sample of {args.sample}, seed {args.seed})" if args.sample is not None else "")
+        + (f" in {len(parts)} shares" if len(parts) > 1 else "")
+    )
+    return total, annotation, pending

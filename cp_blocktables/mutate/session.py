@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-_CR_MAIN = "import sys; from cosmic_ray.cli import main; sys.exit(main())"
+CR_MAIN = "import sys; from cosmic_ray.cli import main; sys.exit(main())"
 
 
 class CosmicRayError(RuntimeError):
@@ -50,11 +50,12 @@ def write_config(path: Path, modules: list[Path], test_command: list[str], timeo
     )
 
 
-def cosmic_ray(args: list[str], env: dict[str, str] | None = None, log=None) -> None:
+def cosmic_ray(args: list[str], env: dict[str, str] | None = None, log=None, cwd=None) -> None:
     """Run `cosmic-ray ARGS` with this interpreter; `CosmicRayError` on a non-zero exit."""
     proc = subprocess.run(
-        [sys.executable, "-c", _CR_MAIN, *args],
+        [sys.executable, "-c", CR_MAIN, *args],
         env=env,
+        cwd=cwd,
         stdout=log or subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -80,7 +81,8 @@ class Mutant:
     diff: str
 
 
-def _key(item) -> tuple:
+def stable_key(item) -> tuple:
+    """The stable order of mutants: module, operator, occurrence (never Cosmic Ray's ids)."""
     m = item.mutations[0]
     return (str(m.module_path), m.operator_name, m.occurrence)
 
@@ -96,7 +98,7 @@ def sample(session: Path, n: int, seed: int) -> int:
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
     with use_db(str(session), WorkDB.Mode.open) as db:
-        items = sorted(db.pending_work_items, key=_key)
+        items = sorted(db.pending_work_items, key=stable_key)
         if n >= len(items):
             return len(items)
         keep = {id(x) for x in random.Random(seed).sample(items, n)}
@@ -105,12 +107,13 @@ def sample(session: Path, n: int, seed: int) -> int:
     return n
 
 
-def skip_annotations(session: Path) -> int:
+def skip_annotations(session: Path, base: Path) -> int:
     """Mark mutants inside annotations of `from __future__ import annotations` modules skipped.
 
     Such annotations are strings that nothing evaluates, so a mutant there is
     equivalent by construction; running it would only cost a harness run.
-    Their result is `skipped` with the output `ANNOTATION_SKIP`. Returns how many.
+    Their result is `skipped` with the output `ANNOTATION_SKIP`; module paths are
+    relative to `base`. Returns how many.
     """
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
@@ -122,7 +125,7 @@ def skip_annotations(session: Path) -> int:
             m = item.mutations[0]
             path = str(m.module_path)
             if path not in spans:
-                spans[path] = annotation_spans(Path(path).read_text())
+                spans[path] = annotation_spans((base / path).read_text())
             pos = tuple(m.start_pos)
             if any(lo <= pos < hi for lo, hi in spans[path]):
                 hits.append(item.job_id)
@@ -165,6 +168,31 @@ def count(session: Path) -> tuple[int, int]:
         return db.num_results, db.num_work_items
 
 
+def count_pending(session: Path) -> int:
+    """Mutants of the session still to run (neither run nor skipped)."""
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        return sum(1 for _ in db.pending_work_items)
+
+
+def count_run(session: Path) -> int:
+    """Mutants of the session that ran (results other than `skipped`)."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        return sum(1 for _, r in db.results if r.worker_outcome != WorkerOutcome.SKIPPED)
+
+
+def count_annotation_skips(session: Path) -> int:
+    """Mutants of the session skipped as inside never-evaluated annotations."""
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        return sum(1 for _, r in db.results if r.output == ANNOTATION_SKIP)
+
+
 def read_mutants(session: Path) -> list[Mutant]:
     """Every work item of the session with its result (if any), in a stable order."""
     from cosmic_ray.work_db import WorkDB, use_db
@@ -173,7 +201,7 @@ def read_mutants(session: Path) -> list[Mutant]:
     with use_db(str(session), WorkDB.Mode.open) as db:
         done = list(db.completed_work_items)
         pending = [(item, None) for item in db.pending_work_items]
-    for item, result in sorted(done + pending, key=lambda x: _key(x[0])):
+    for item, result in sorted(done + pending, key=lambda x: stable_key(x[0])):
         m = item.mutations[0]
         out.append(
             Mutant(
@@ -208,42 +236,6 @@ def run_test_command(command: list[str], env: dict[str, str], timeout: float) ->
     except subprocess.TimeoutExpired:
         return 124, f"baseline timed out after {timeout:.0f} s"
     return proc.returncode, proc.stdout
-
-
-def execute(
-    config: Path, session: Path, env: dict[str, str], log_path: Path, progress: bool
-) -> None:
-    """`cosmic-ray exec`, printing progress to stderr every 30 s when asked."""
-    with log_path.open("a") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _CR_MAIN, "exec", str(config), str(session)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            last = None
-            while True:
-                try:
-                    proc.wait(timeout=30)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                if not progress:
-                    continue
-                try:
-                    state = count(session)
-                except Exception:  # noqa: BLE001 - the session is busy; try again later
-                    continue
-                if state != last:
-                    print(f"mutate: {state[0]}/{state[1]} results", file=sys.stderr)
-                    last = state
-        except BaseException:
-            proc.terminate()
-            proc.wait()
-            raise
-    if proc.returncode != 0:
-        raise CosmicRayError(f"cosmic-ray exec exited {proc.returncode} (log: {log_path})")
 
 
 def child_env(paths: list[Path]) -> dict[str, str]:
