@@ -5,6 +5,10 @@ the unmutated copy (a baseline that must pass, and whose wall time sets the
 default per-mutant timeout), `cosmic-ray init`, keep a fixed sample when
 asked, `cosmic-ray exec`, then classify and report (`outcome`).
 
+Both harness runs use `--device cpu`: the copy's Triton kernels run under the
+interpreter on every host (a GPU host only adds cores), so a mutant's verdict
+does not depend on where it ran.
+
 Each mutant meets the fast mutation presets first (seconds); one that passes
 them meets the confirming run, the default sweep unless told otherwise, so a
 survivor is a mutant that `verify` with the default sweep passes, which is
@@ -182,6 +186,8 @@ def _verify_args(
         sp.entry_impl(),
         "--world-size",
         str(world_size),
+        "--device",
+        "cpu",
         "--seed",
         "0",
         "--fail-fast",
