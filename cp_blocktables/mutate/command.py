@@ -250,10 +250,9 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
         else HarnessRun(tuple(args.confirm_preset or ()), args.confirm_world_size)
     )
     env = session.child_env([root])
-    origins = {
-        str(path.relative_to(work)): str(sh.sp.origins[n].relative_to(root))
-        for sh in parts
-        for n, path in sh.sp.modules.items()
+    origins = {  # every share names the same files, relative to its own directory
+        str(path.relative_to(parts[0].home)): str(parts[0].sp.origins[n].relative_to(root))
+        for n, path in parts[0].sp.modules.items()
     }
     chosen = [str(parts[0].sp.origins[n].relative_to(root)) for n in names]
     print(f"mutate: {len(names)} modules: {', '.join(chosen)}")
@@ -263,7 +262,7 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
         if timeout is None:
             return 2
     for sh in parts:
-        modules = [sh.sp.modules[n].relative_to(work) for n in names]
+        modules = [sh.sp.modules[n].relative_to(sh.home) for n in names]
         sh_cmd = test_command(sh.sp, fast, confirm, max(10.0, timeout / 2))
         session.write_config(sh.config, modules, sh_cmd, timeout)
     if args.resume:
@@ -278,7 +277,7 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
     if args.dry_run:
         return 0
     left = None if args.time_limit is None else args.time_limit - (time.monotonic() - started)
-    finished = shares.execute(parts, work, env, args.jobs, args.progress, left)
+    finished = shares.execute(parts, env, args.jobs, args.progress, left)
     allow_path = Path(args.allowlist) if args.allowlist else root / "docs" / "mutation.md"
     allowlist = outcome.read_allowlist(allow_path)
     vs = [
@@ -350,16 +349,17 @@ def _baseline(
 def _init(
     args: argparse.Namespace, parts: list[shares.Share], work: Path, env: dict[str, str]
 ) -> tuple[int, int, int]:
-    """`cosmic-ray init` every share, skip annotations, sample, split: (total, annotation,
-    to run)."""
-    shares.init_all(parts, work, env, args.jobs)
-    total = session.count(parts[0].db)[1]
-    pending = 0
-    for sh in parts:
-        annotation = session.skip_annotations(sh.db, work)
-        if args.sample is not None:
-            session.sample(sh.db, args.sample, args.seed)
-        pending += shares.keep_share(sh.db, sh.index, len(parts))
+    """`cosmic-ray init` once, skip annotations, sample, then split into the shares:
+    (total, annotation, to run)."""
+    first = parts[0]
+    session.cosmic_ray(
+        ["init", first.config.name, first.db.name, "--force"], env=env, cwd=first.home
+    )
+    total = session.count(first.db)[1]
+    annotation = session.skip_annotations(first.db, first.home)
+    if args.sample is not None:
+        session.sample(first.db, args.sample, args.seed)
+    pending = shares.split(parts, args.jobs)
     print(
         f"mutate: {total} mutants, {annotation} in never-evaluated annotations, {pending} to run"
         + (f" (sample of {args.sample}, seed {args.seed})" if args.sample is not None else "")

@@ -169,20 +169,9 @@ def count(session: Path) -> tuple[int, int]:
 
 
 def count_pending(session: Path) -> int:
-    """Mutants of the session still to run (neither run nor skipped)."""
-    from cosmic_ray.work_db import WorkDB, use_db
-
-    with use_db(str(session), WorkDB.Mode.open) as db:
-        return sum(1 for _ in db.pending_work_items)
-
-
-def count_run(session: Path) -> int:
-    """Mutants of the session that ran (results other than `skipped`)."""
-    from cosmic_ray.work_db import WorkDB, use_db
-    from cosmic_ray.work_item import WorkerOutcome
-
-    with use_db(str(session), WorkDB.Mode.open) as db:
-        return sum(1 for _, r in db.results if r.worker_outcome != WorkerOutcome.SKIPPED)
+    """Mutants of the session still to run (no result yet, neither run nor skipped)."""
+    results, items = count(session)
+    return items - results
 
 
 def count_annotation_skips(session: Path) -> int:

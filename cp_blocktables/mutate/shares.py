@@ -4,8 +4,8 @@ Why: Cosmic Ray's `local` distributor runs one mutant at a time, and a mutant
 costs a harness run of several seconds, so every mutant of the implementation
 takes a day on one machine. Cosmic Ray mutates files in place, so two mutants
 can only run at once on two copies: a run is split into `count` shares, each
-a session of its own over a copy of its own (`src-K/`, `session-K.sqlite`),
-and `--jobs` of them execute at once. Spread over a many-core host, and
+a session of its own over a copy of its own (`share-K/src/`,
+`share-K/session.sqlite`), and `--jobs` of them execute at once. Spread over a many-core host, and
 stopped and resumed on another (`--time-limit`, `--resume`), the full run
 fits in hours.
 
@@ -15,9 +15,10 @@ Invariants:
   `K` of `N` keeps the selected mutants whose place in the stable order
   (module, operator, occurrence) is `K` modulo `N`. So every selected mutant
   lies in exactly one share, and the split is the same on every machine.
-* Sessions name the mutated files relative to the work directory and Cosmic
-  Ray runs there, so a work directory moves between machines (copy it, then
-  `--resume`).
+* Sessions name the mutated files relative to their share's directory, where
+  Cosmic Ray runs: every share names the same files, so one `cosmic-ray init`
+  serves all (its session is copied, then split), and a work directory moves
+  between machines (copy it, then `--resume`).
 * A session records a mutant's result only when its run ends. Stopping a run
   loses the mutants in flight, which stay pending, and may leave a copy
   mutated: `--resume` copies the pristine implementation again before it runs
@@ -30,11 +31,14 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,32 +48,36 @@ from .scratch import ScratchPackage, build_scratch
 
 @dataclass(frozen=True)
 class Share:
-    """One Cosmic Ray session: its copy, config, sqlite file and `exec` log."""
+    """One Cosmic Ray session: its directory (where Cosmic Ray runs), copy, config,
+    sqlite file and `exec` log."""
 
     index: int
+    home: Path
     sp: ScratchPackage
-    config: Path
-    db: Path
-    log: Path
+
+    @property
+    def config(self) -> Path:
+        return self.home / "cosmic-ray.toml"
+
+    @property
+    def db(self) -> Path:
+        return self.home / "session.sqlite"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "exec.log"
 
 
-def _names(work: Path, index: int, count: int) -> tuple[Path, Path, Path, Path]:
-    if count == 1:  # the single-session layout keeps its plain names
-        return work / "src", work / "cosmic-ray.toml", work / "session.sqlite", work / "exec.log"
-    return (
-        work / f"src-{index}",
-        work / f"cosmic-ray-{index}.toml",
-        work / f"session-{index}.sqlite",
-        work / f"exec-{index}.log",
-    )
+def _home(work: Path, index: int, count: int) -> Path:
+    return work if count == 1 else work / f"share-{index}"
 
 
 def build(work: Path, source_dir: Path, count: int) -> list[Share]:
     """`count` shares in `work`, each with a fresh copy of the implementation."""
     shares = []
     for k in range(count):
-        src, config, db, log = _names(work, k, count)
-        shares.append(Share(k, build_scratch(src, source_dir), config, db, log))
+        home = _home(work, k, count)
+        shares.append(Share(k, home, build_scratch(home / "src", source_dir)))
     return shares
 
 
@@ -78,42 +86,27 @@ def existing_count(work: Path) -> int:
     if (work / "session.sqlite").is_file():
         return 1
     n = 0
-    while (work / f"session-{n}.sqlite").is_file():
+    while (_home(work, n, 2) / "session.sqlite").is_file():
         n += 1
     return n
 
 
-def init_all(shares: list[Share], work: Path, env: dict[str, str], jobs: int) -> None:
-    """`cosmic-ray init` of every share, `jobs` at a time, in `work`."""
-    pending = list(shares)
-    running: list[tuple[Share, subprocess.Popen]] = []
-    failed: list[str] = []
-    while pending or running:
-        while pending and len(running) < jobs:
-            sh = pending.pop(0)
-            cmd = [sys.executable, "-c", session.CR_MAIN, "init", sh.config.name, sh.db.name]
-            proc = subprocess.Popen(
-                [*cmd, "--force"],
-                cwd=work,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            running.append((sh, proc))
-        sh, proc = running.pop(0)
-        out, _ = proc.communicate()
-        if proc.returncode != 0:
-            failed.append(f"share {sh.index}: exit {proc.returncode}\n{out[-2000:]}")
-    if failed:
-        raise session.CosmicRayError("cosmic-ray init failed: " + "\n".join(failed))
+def split(shares: list[Share], jobs: int) -> int:
+    """Copy share 0's session to every other share, then keep in each only its part
+    (`jobs` at a time). Returns how many mutants stay pending in all."""
+    for sh in shares[1:]:
+        shutil.copyfile(shares[0].db, sh.db)
+    if len(shares) == 1:
+        return session.count_pending(shares[0].db)
+    args = [(sh.db, sh.index, len(shares)) for sh in shares]
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(shares)), mp_context=ctx) as pool:
+        return sum(pool.map(_keep_share, *zip(*args)))
 
 
-def keep_share(db: Path, index: int, count: int) -> int:
+def _keep_share(db: Path, index: int, count: int) -> int:
     """Keep pending the mutants at positions `index` modulo `count` of the stable order of
     the pending ones; mark the rest skipped. Returns how many stay pending."""
-    if count == 1:
-        return session.count_pending(db)
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
@@ -126,7 +119,6 @@ def keep_share(db: Path, index: int, count: int) -> int:
 
 def execute(
     shares: list[Share],
-    work: Path,
     env: dict[str, str],
     jobs: int,
     progress: bool,
@@ -145,7 +137,7 @@ def execute(
         while todo or running:
             while todo and len(running) < jobs:
                 sh = todo.pop(0)
-                running.append((sh, _start_exec(sh, work, env)))
+                running.append((sh, _start_exec(sh, env)))
             time.sleep(0.5)
             for sh, proc in list(running):
                 if proc.poll() is None:
@@ -166,12 +158,12 @@ def execute(
         _stop(running, [sh for sh, _ in running])
 
 
-def _start_exec(sh: Share, work: Path, env: dict[str, str]) -> subprocess.Popen:
+def _start_exec(sh: Share, env: dict[str, str]) -> subprocess.Popen:
     log = sh.log.open("a")
     try:
         return subprocess.Popen(
             [sys.executable, "-c", session.CR_MAIN, "exec", sh.config.name, sh.db.name],
-            cwd=work,
+            cwd=sh.home,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -182,16 +174,13 @@ def _start_exec(sh: Share, work: Path, env: dict[str, str]) -> subprocess.Popen:
 
 
 def _print_progress(shares: list[Share]) -> None:
-    done = total = 0
+    pending = 0
     for sh in shares:
         try:
-            pending = session.count_pending(sh.db)
-            ran = session.count_run(sh.db)
+            pending += session.count_pending(sh.db)
         except Exception:  # noqa: BLE001 - a session being written; counted next time
             continue
-        done += ran
-        total += ran + pending
-    print(f"mutate: {done}/{total} mutants run", file=sys.stderr)
+    print(f"mutate: {pending} mutants still to run", file=sys.stderr)
 
 
 def _stop(running: list[tuple[Share, subprocess.Popen]], shares: list[Share]) -> None:
