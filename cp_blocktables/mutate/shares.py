@@ -189,10 +189,10 @@ def _stop(running: list[tuple[Share, subprocess.Popen]], shares: list[Share]) ->
         _kill_group(proc.pid)
         proc.wait()
     roots = [str(sh.sp.root) for sh in shares]
-    if not roots:
-        return
-    for pid in _pids_naming(roots):
-        _kill_group(pid)
+    for _ in range(2):  # again after a moment: a probe forked just before has exec'd by then
+        for pid in _pids_naming(roots) if roots else []:
+            _kill_group(pid)
+        time.sleep(0.2)
 
 
 def _kill_group(pid: int) -> None:

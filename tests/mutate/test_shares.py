@@ -1,0 +1,121 @@
+"""A run split into shares: every mutant in exactly one, a time limit that leaves the rest
+pending and no process behind, and a resume that picks up what is pending."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness_proc import child_env, leftover_processes, run_cli  # noqa: E402
+
+pytest.importorskip("cosmic_ray")
+
+from cp_blocktables.mutate import session, shares  # noqa: E402
+from cp_blocktables.mutate.scratch import ScratchPackage  # noqa: E402
+
+# kernels.layout is small (110 mutants), groups-0 the cheapest preset: seconds a mutant.
+SMALL = ["--modules", "kernels.layout", "--preset", "groups-0", "--no-confirm"]
+
+
+def _pending_ids(db: Path) -> set[str]:
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    with use_db(str(db), WorkDB.Mode.open) as wdb:
+        return {item.job_id for item in wdb.pending_work_items}
+
+
+def test_shares_split_the_selected_mutants_exactly(tmp_path):
+    proc = run_cli(["mutate", "--dry-run", *SMALL, "--shares", "3", "--work-dir", str(tmp_path)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    to_run = int(proc.stdout.split(" to run")[0].rsplit(" ", 1)[1])
+    assert to_run > 30 and "in 3 shares" in proc.stdout
+    parts = [_pending_ids(tmp_path / f"share-{k}" / "session.sqlite") for k in range(3)]
+    assert sum(len(p) for p in parts) == len(set().union(*parts)) == to_run  # disjoint, complete
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    configs = {(tmp_path / f"share-{k}" / "cosmic-ray.toml").read_text() for k in range(3)}
+    assert all('module-path = ["src/cpbt_mutant/kernels/layout.py"]' in c for c in configs)
+    assert shares.existing_count(tmp_path) == 3
+
+
+def test_a_sample_is_split_like_the_whole(tmp_path):
+    args = ["mutate", "--dry-run", *SMALL, "--sample", "7", "--shares", "2"]
+    proc = run_cli([*args, "--work-dir", str(tmp_path)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    parts = [_pending_ids(tmp_path / f"share-{k}" / "session.sqlite") for k in range(2)]
+    assert sorted(map(len, parts)) == [3, 4] and not parts[0] & parts[1]
+
+
+@pytest.mark.multirank
+def test_a_time_limit_leaves_the_rest_pending_and_a_resume_runs_it(tmp_path):
+    work = tmp_path / "work"
+    report = tmp_path / "report.json"
+    base = ["mutate", *SMALL, "--sample", "2", "--jobs", "2", "--work-dir", str(work)]
+    env = child_env()
+    # The baseline alone outlasts one second: the run stops before any mutant ends.
+    proc = run_cli([*base, "--time-limit", "1", "--report", str(report)], env=env)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "--resume --work-dir" in proc.stdout
+    data = json.loads(report.read_text())
+    assert data["pending"] == 2 and data["mutants_run"] == 0
+    time.sleep(0.5)
+    assert leftover_processes(env["CP_BLOCKTABLES_TEST_MARKER"]) == []
+    resumed = ["mutate", "--resume", *SMALL, "--jobs", "2", "--work-dir", str(work)]
+    proc = run_cli([*resumed, "--report", str(report)], timeout=600)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: a layout survivor
+    data = json.loads(report.read_text())
+    assert data["pending"] == 0 and data["mutants_run"] == 2
+    assert all(v["module"] == "cp_blocktables/kernels/layout.py" for v in data["verdicts"])
+
+
+def test_stopping_kills_the_probes_running_on_a_share(tmp_path):
+    root = tmp_path / "share-0" / "src"
+    root.mkdir(parents=True)
+    probe = subprocess.Popen(  # a stand-in probe: its own session, the copy on its command line
+        [sys.executable, "-c", "import time; time.sleep(60)", "--scratch", str(root)],
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    while str(root) not in Path(f"/proc/{probe.pid}/cmdline").read_text(errors="replace"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    share = shares.Share(0, tmp_path / "share-0", ScratchPackage(root=root, package="x"))
+    shares._stop([], [share])
+    assert probe.wait(timeout=10) != 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--jobs", "0"], "--jobs must be at least 1"),
+        (["--shares", "0"], "--shares must be at least 1"),
+        (["--time-limit", "0"], "--time-limit must be positive"),
+        (["--resume"], "--resume needs the --work-dir"),
+        (["--resume", "--work-dir", "WORK", "--sample", "3"], "no --sample or --shares"),
+        (["--resume", "--work-dir", "WORK"], "no mutation session in"),
+    ],
+    ids=[
+        "jobs-0",
+        "shares-0",
+        "time-limit-0",
+        "resume-without-work-dir",
+        "resume-sample",
+        "resume-nothing",
+    ],  # fmt: skip
+)
+def test_bad_options_are_usage_errors(tmp_path, args, message):
+    args = [str(tmp_path) if a == "WORK" else a for a in args]
+    proc = run_cli(["mutate", "--dry-run", *args])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr
+
+
+def test_pending_is_counted_without_loading_the_session(tmp_path):
+    proc = run_cli(["mutate", "--dry-run", *SMALL, "--sample", "5", "--work-dir", str(tmp_path)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert session.count_pending(tmp_path / "session.sqlite") == 5
