@@ -290,6 +290,25 @@ def test_gather_refuses_an_out_list_of_the_wrong_length(torch_device):
         assert all(int((t != 9).sum()) == 0 for t in out)
 
 
+@pytest.mark.parametrize("case", ["3-d", "too-narrow", "column-stride-2"])
+def test_gather_refuses_an_out_table_of_the_wrong_shape_or_stride(torch_device, case):
+    """`out[1]` wrong in one property alone, rows disjoint: 3-D (`[4, 4, 1]`), 3 of the
+    group's 4 columns, or every other column of a wider table. Refused, and nothing is
+    written, not even past the view into the table it was cut from (docs/contract-notes.md)."""
+    bt = _bt_with_rows(torch_device)
+    base = torch.full((4, 8), 9, dtype=torch.int32, device=torch_device)
+    wrong = {
+        "3-d": base[:, :4].reshape(4, 4, 1).clone(),
+        "too-narrow": base[:, :3],
+        "column-stride-2": base[:, ::2],
+    }[case]
+    out = [torch.full((4, 8), 9, dtype=torch.int32, device=torch_device), wrong]
+    idx = torch.tensor([2, 0], dtype=torch.int32, device=torch_device)
+    with pytest.raises(ValueError, match=r"out\[1\] must be an int32 \[>= 2, >= 4\] tensor"):
+        bt.gather_block_tables(idx, 2, out=out)
+    assert all(int((t != 9).sum()) == 0 for t in (base, *out))
+
+
 def test_pointer_errors_print_the_exact_address():
     bt = _bt_with_rows("cpu")
     out = [torch.zeros((4, w), dtype=torch.int32) for w in (8, 4)]

@@ -240,6 +240,9 @@ I64 = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
             lambda t: t.get_dummy_slot_mappings(65), "num_tokens must lie", id="dummy-slots"
         ),
         pytest.param(lambda t: t.get_dummy_block_tables(5), "num_reqs must lie", id="dummy-tables"),
+        pytest.param(
+            lambda t: t.get_dummy_block_tables(-1), "num_reqs must lie", id="dummy-tables-negative"
+        ),
     ],
 )
 def test_method_refuses_and_changes_nothing(bt, call, message):

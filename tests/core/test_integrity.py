@@ -130,6 +130,29 @@ def test_tables_reallocated_without_new_pointers_are_caught(torch_device):
     del old
 
 
+def test_gather_explanation_names_only_the_differing_entries(torch_device, monkeypatch):
+    """A dummy entry, and a reused row's stale entries past its count, are not compared:
+    the explanation names the corrupted entry alone."""
+    bt = make(torch_device)
+    bt.append_block_ids(0, ([14, 15], [22]), False)
+    bt.append_block_ids(1, ([1, 2, 3], [4, 5]), False)
+    bt.append_block_ids(1, ([16], [23]), True)  # a reused row: source entries 1, 2 stale
+    bt.apply_staged_writes()
+    real = kernels.gather_block_tables
+
+    def corrupting(*args, **kwargs):
+        real(*args, **kwargs)
+        bt.input_block_tables[0][0, 0] = 999
+
+    monkeypatch.setattr(kernels, "gather_block_tables", corrupting)
+    with pytest.raises(IntegrityError) as e:
+        bt.gather_block_tables(ints([0, -1, 1], torch_device), 3)
+    assert str(e.value) == (
+        "integrity check failed: gather_block_tables: group 0: batch row 0 differs from its "
+        "source, request row 0, in 1 of 2 entries; first at column 0: gathered 999, expected 14"
+    )
+
+
 def test_sliding_window_masking_is_what_is_expected(torch_device):
     bt = make(torch_device, sliding_window_reach=[20, 0])
     bt.append_block_ids(0, ([1, 2, 3, 4], [5, 6]), False)
@@ -223,6 +246,18 @@ def test_checks_under_cp_run_clean(torch_device):
     idx = [1, 0]
     bt.gather_block_tables(ints(idx, torch_device), 2)
     slots(bt, idx, [0, 20, 60], list(range(20)) + list(range(40)))
+
+
+def test_unchecked_rows_past_the_table_are_dummies_under_the_checks(torch_device):
+    """With validation off a row outside [0, max_num_reqs) is treated as a dummy request
+    (docs/contract-notes.md, input checks): with the checks on too, a zero row, no error."""
+    bt = make(torch_device)
+    bt.validate_inputs = False
+    bt.append_block_ids(3, ([11, 12], [21]), False)
+    bt.apply_staged_writes()
+    t0, t1 = bt.gather_block_tables(ints([3, 4], torch_device), 2)
+    assert t0[0, :2].tolist() == [11, 12] and t1[0, :1].tolist() == [21]
+    assert t0[1].tolist() == [0] * 8 and t1[1].tolist() == [0] * 4
 
 
 # ---------------------------------------------------------------- switch and cost
