@@ -23,7 +23,8 @@ Invariants:
 * Expectations come from the harness alone: a mutant is killed when verify
   exits non-zero.
 
-Modules: `scratch` builds the copy, `session` drives Cosmic Ray, `outcome`
+Modules: `scratch` builds the copy, `session` drives Cosmic Ray, `shares` splits a
+run into sessions run at once and resumed, `outcome`
 classifies and reports, `probe` is the per-mutant test command, `command`
 the CLI sub-command.
 """
