@@ -14,7 +14,7 @@ import torch
 
 from cp_blocktables import BlockTables, BlockTablesConfig
 from cp_blocktables._jit import launch_counts
-from cp_blocktables.kernels import slot_mappings
+from cp_blocktables.kernels import _common, slot_mappings
 from cp_blocktables.reference import ReferenceBlockTables
 
 GARBAGE = 0x5EED  # what the buffers hold before a call: an entry left unwritten shows
@@ -312,3 +312,58 @@ def test_the_step_at_the_switch_point(torch_device, monkeypatch, padded, request
     assert asked == [request_layout]
     expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
+# ------------------------------------------------------------------ a GPU's launch constants
+
+
+def test_each_back_end_launches_its_own_constants():
+    """The tiles, request steps and search depth of each back end. Results do not depend on
+    them (the next test holds the GPU's on CPU), so only this test sees a GPU's constants
+    taken on CPU (`on_cpu`), a search depth left unrounded or a tail tile changed: the
+    harness on CPU never launches them, and on CUDA they would only cost time."""
+    bt = BlockTables([16], 1024, 9100, [700], "cpu")
+    gpu = slot_mappings._SlotLaunch(False, 1, 9100, bt._layout, 1, 1024)
+    host = slot_mappings._SlotLaunch(True, 1, 9100, bt._layout, 1, 1024)
+    assert (gpu.tile_meta["TILE"], gpu.tile_meta["num_warps"]) == (512, 4)
+    assert gpu.tile_meta["SEARCH_STEPS"] == 12  # 1024 entries: 11 steps, rounded up to 4s
+    assert (gpu.request_meta["REQ_TILE"], gpu.request_meta["REQ_TILES"]) == (1024, 8)
+    assert gpu.request_meta["TILE"] == 512  # the reach, 8192 tokens, is a multiple of it
+    assert (gpu.tiles, gpu.tail_tiles) == (18, 18)
+    tile = _common.host_tile(9100)
+    assert host.tile_meta["TILE"] == tile
+    assert host.tile_meta["SEARCH_STEPS"] == 11  # exact: the interpreter compiles nothing
+    assert (host.request_meta["REQ_TILE"], host.request_meta["REQ_TILES"]) == (32, 256)
+    assert host.request_meta["TILE"] == min(tile, slot_mappings.SMALL_BATCH_TOKENS)
+    assert [_common.on_cpu(torch.device(d)) for d in ("cpu", "cuda")] == [True, False]
+    assert [_common.search_steps(n) for n in (0, 1, 8, 15, 16, 1024)] == [0, 4, 4, 4, 8, 12]
+    assert [_common.is_pow2(n) for n in (0, 1, 2, 3, 4, 6, 8, 12)] == [
+        False, True, True, False, True, False, True, False,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
+def test_a_gpus_constants_map_as_the_reference_on_cpu(layout):
+    """The constants a GPU launches with (512-token tiles, 1024-token request steps, a search
+    depth rounded up to a multiple of 4), run by the interpreter: tiles that span several
+    entries and searches of the rounded depth, which CPU launches never take otherwise."""
+    config = _config(max_num_batched_tokens=1100, max_num_blocks_per_group=[128, 64])
+    requests = [(3, 900, 1), (0, 17, 300), (-1, 0, 5), (5, 1000, 400), (1, 0, 1), (7, 511, 250)]
+    bt, ref = _build(torch.device("cpu"), config, requests, 1)
+    idx, qsl, pos = _batch(requests, bt.num_kv_cache_groups)
+    out_len = bt.max_num_batched_tokens
+    gpu = slot_mappings._SlotLaunch(False, bt.num_kv_cache_groups, out_len, bt._layout, 1, 8)
+    assert gpu.tile_meta["SEARCH_STEPS"] == 4
+    if layout:
+        programs, meta = gpu.tail_tiles + len(idx) * gpu.num_groups, gpu.request_meta
+    else:
+        programs, meta = gpu.tiles, gpu.tile_meta
+    assert programs > 1
+    idx_t, qsl_t, pos_t = (torch.from_numpy(a) for a in (idx, qsl, pos))
+    bt.slot_mappings.fill_(GARBAGE)
+    slot_mappings._compute_slot_mappings_kernel.launch(
+        torch.device("cpu"), (programs,), idx_t, len(idx), 8, qsl_t, pos_t, pos_t.shape[0],
+        *bt._slot_plan.tail, **meta,
+    )  # fmt: skip
+    expected = ref.slot_mappings(idx, qsl, pos, out_len)
+    np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
