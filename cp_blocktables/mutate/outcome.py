@@ -11,7 +11,11 @@ Classes (each executed mutant has exactly one):
   allowlisted (argued in docs/mutation.md): equivalent, no input tells it
   apart; outside the contract, only inputs SPEC.md prescribes nothing for
   tell it apart (method arguments it forbids, helper options `BlockTables`
-  never uses), so the harness must pass it, and the unit tests kill it.
+  never uses), so the harness must pass it, and the unit tests kill it;
+  `gpu` when it changes only what a compiled GPU launch runs (launch
+  constants, CUDA buffers), which the harness's interpreted CPU kernels never
+  take: a GPU run or a CUDA test kills it, and a CPU unit test that drives the
+  GPU's choices through the interpreter.
 
 Not run: `annotation`, a mutant inside an annotation that is never evaluated
 (`from __future__ import annotations`), equivalent by construction and
@@ -20,8 +24,8 @@ skipped before `exec` (counted, never run); sampled-out mutants.
 A mutant's id (`m-` and 10 hex digits) hashes the module, the operator, the
 enclosing definition and the changed source lines, not Cosmic Ray's
 occurrence number or line number, so it survives edits elsewhere in the file.
-The allowlist is every id in a `### ` heading of the `## Equivalent mutants`
-and `## Outside the contract` sections of docs/mutation.md.
+The allowlist is every id in a `### ` heading of the `## Equivalent mutants`,
+`## Outside the contract` and `## GPU only` sections of docs/mutation.md.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ class Verdict:
     line: int
     operator: str
     definition: str | None
-    outcome: str  # killed, timeout, incompetent, survived, equivalent, outside
+    outcome: str  # killed, timeout, incompetent, survived, equivalent, outside, gpu
     diff: str
     by_confirm: bool = False  # killed only by the confirming run (the default sweep)
 
@@ -83,7 +87,11 @@ def classify(m: Mutant) -> str | None:
     return "survived"
 
 
-_SECTIONS = {"## equivalent mutants": "equivalent", "## outside the contract": "outside"}
+_SECTIONS = {
+    "## equivalent mutants": "equivalent",
+    "## outside the contract": "outside",
+    "## gpu only": "gpu",
+}
 
 
 def read_allowlist(path: Path | None) -> dict[str, str]:
@@ -126,7 +134,7 @@ def summarize(vs: list[Verdict], total: int, annotation: int = 0) -> dict:
     """Counts and kill rates. Kill rate: (killed + timeout) over the competent mutants run;
     the second leaves out the argued survivors (equivalent, outside the contract)."""
     c = Counter(v.outcome for v in vs)
-    argued = c["equivalent"] + c["outside"]
+    argued = c["equivalent"] + c["outside"] + c["gpu"]
     competent = c["killed"] + c["timeout"] + c["survived"] + argued
     dead = c["killed"] + c["timeout"]
     return {
@@ -139,6 +147,7 @@ def summarize(vs: list[Verdict], total: int, annotation: int = 0) -> dict:
         "survived": c["survived"] + argued,
         "equivalent": c["equivalent"],
         "outside_contract": c["outside"],
+        "gpu_only": c["gpu"],
         "unexplained_survivors": c["survived"],
         "incompetent": c["incompetent"],
         "kill_rate": dead / competent if competent else 1.0,
@@ -146,6 +155,13 @@ def summarize(vs: list[Verdict], total: int, annotation: int = 0) -> dict:
             dead / (competent - argued) if competent > argued else 1.0
         ),
     }
+
+
+_TAGS = {
+    "equivalent": "equivalent (allowlisted)",
+    "outside": "outside the contract (allowlisted)",
+    "gpu": "GPU only (allowlisted)",
+}
 
 
 def render(summary: dict, vs: list[Verdict], show_killed: bool = False) -> str:
@@ -157,13 +173,12 @@ def render(summary: dict, vs: list[Verdict], show_killed: bool = False) -> str:
         f"killed: {s['killed']} ({s['killed_by_confirm']} only by the confirming run)  "
         f"timeouts: {s['timeout']}  incompetent: {s['incompetent']}  "
         f"survived: {s['survived']} ({s['equivalent']} argued equivalent, "
-        f"{s['outside_contract']} outside the contract)",
+        f"{s['outside_contract']} outside the contract, {s['gpu_only']} GPU only)",
         f"kill rate: {s['kill_rate']:.1%} "
         f"({s['kill_rate_excluding_equivalent']:.1%} excluding argued survivors)",
     ]
     for v in sorted(vs, key=lambda v: (v.module, v.line, v.id)):
-        if v.outcome in ("survived", "equivalent", "outside") or show_killed:
-            tag = {"equivalent": "equivalent (allowlisted)", "outside": "outside the contract "
-                   "(allowlisted)"}.get(v.outcome, v.outcome.upper())  # fmt: skip
+        if v.outcome in ("survived", "equivalent", "outside", "gpu") or show_killed:
+            tag = _TAGS.get(v.outcome, v.outcome.upper())
             lines += ["", f"{v.id} {tag}: {v.module}:{v.line} {v.operator}", v.diff.rstrip()]
     return "\n".join(lines)

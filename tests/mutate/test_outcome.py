@@ -65,12 +65,14 @@ def test_allowlist_reads_only_headings_of_its_section(tmp_path):
         "## Equivalent mutants\n### m-00000000aa kernels.py:3\nm-00000000bb in prose\n"
         "### m-00000000cc, m-00000000dd\n## Gaps\n### m-00000000ee\n"
         "## Outside the contract\n### m-00000000ff\n"
+        "## GPU only\n### m-0000000aff\n"
     )
     assert outcome.read_allowlist(doc) == {
         "m-00000000aa": "equivalent",
         "m-00000000cc": "equivalent",
         "m-00000000dd": "equivalent",
         "m-00000000ff": "outside",
+        "m-0000000aff": "gpu",
     }
     assert outcome.read_allowlist(tmp_path / "missing.md") == {}
 
@@ -87,6 +89,11 @@ def test_verdicts_use_the_original_file_name_and_the_allowlist():
     assert x.outcome == "outside"
     s = outcome.summarize([x], total=1)
     assert (s["survived"], s["outside_contract"], s["unexplained_survivors"]) == (1, 1, 0)
+    (y,) = outcome.verdicts([survivor], origins, {v.id: "gpu"})
+    s = outcome.summarize([y], total=1)
+    assert (s["survived"], s["gpu_only"], s["unexplained_survivors"]) == (1, 1, 0)
+    assert s["kill_rate_excluding_equivalent"] == 1.0  # argued: out of the denominator
+    assert "GPU only (allowlisted)" in outcome.render(s, [y])
 
 
 def test_summary_figures():
