@@ -343,6 +343,17 @@ def test_slot_mappings_refuse_an_out_with_overlapping_rows(torch_device):
     assert int((out != 9).sum()) == 0
 
 
+def test_one_row_outputs_are_accepted_whatever_their_row_stride(torch_device):
+    """A single row cannot overlap another: a transposed column (row stride 1, contiguous
+    to torch) is a valid one-row destination."""
+    bt = _bt_with_rows(torch_device)
+    out = [torch.zeros((w, 1), dtype=torch.int32, device=torch_device).t() for w in (8, 4)]
+    assert out[0].stride() == (1, 1) and out[0].is_contiguous()
+    got = bt.gather_block_tables(torch.tensor([2], device=torch_device), 1, out=out)
+    assert [g[0, :2].tolist() for g in got] == [[4, 0], [5, 6]]
+    assert all(g.data_ptr() == o.data_ptr() for g, o in zip(got, out))
+
+
 @pytest.mark.parametrize(
     "which, make, match",
     [

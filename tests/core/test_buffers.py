@@ -49,6 +49,16 @@ def test_uva_backed_tensor_publishes_snapshots(torch_device):
     assert t.copy_to_uva(1).shape == (1, 3)
 
 
+def test_uva_backed_tensor_rotates_two_snapshots_by_default(torch_device):
+    """As `UvaBufferPool`'s default (SPEC.md 4): a snapshot stays intact for one more publish."""
+    t = UvaBackedTensor((2, 3), torch.int32, device=torch_device)
+    assert t.pool.max_concurrency == 2
+    initial = t.gpu.data_ptr()
+    first = t.copy_to_uva()
+    assert first.data_ptr() != initial
+    assert t.copy_to_uva().data_ptr() == initial
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32], ids=str)
 def test_staged_writes_apply_in_one_launch(torch_device, dtype):
     t = StagedWriteTensor((3, 5), dtype, torch_device)

@@ -239,6 +239,11 @@ I64 = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
         pytest.param(
             lambda t: t.get_dummy_slot_mappings(65), "num_tokens must lie", id="dummy-slots"
         ),
+        pytest.param(
+            lambda t: t.get_dummy_slot_mappings(-1),
+            r"num_tokens must lie in \[0, 64\], got -1",
+            id="dummy-slots-negative",
+        ),
         pytest.param(lambda t: t.get_dummy_block_tables(5), "num_reqs must lie", id="dummy-tables"),
         pytest.param(
             lambda t: t.get_dummy_block_tables(-1), "num_reqs must lie", id="dummy-tables-negative"
