@@ -6,8 +6,9 @@ contract are about calls that must raise, and no legal workload makes them:
 - construction validates everything it is given and raises `ValueError`
   naming the offending argument (SPEC.md sections 2, 3 and 8.1), so a bad
   config cannot silently build tables that overflow a block;
-- with integrity checks on (section 8.3), a slot shared by two tokens and a
-  gather that reads a count never published raise `RuntimeError`.
+- with integrity checks on (section 8.3), a slot shared by two tokens, a
+  gather that reads a count never published, and a gathered row that differs
+  from its source raise `RuntimeError`.
 
 An implementation that skips a rule computes every legal step right, so only
 a probe can tell. Each probe starts from the preset's own valid constructor
@@ -214,10 +215,13 @@ def _expect_error(
     setup: Callable[[], Callable[[], object]],
     cp_rank: int,
     names: tuple[str, ...] = (),
+    refusal_ok: bool = False,
 ) -> list[Violation]:
     """`setup()` builds the state and returns the faulty call, which must raise `RuntimeError`
-    whose message contains one of `names` (when given: SPEC.md 8.3 says what it names)."""
+    whose message contains one of `names` (when given: SPEC.md 8.3 says what it names);
+    `refusal_ok`: a `ValueError` (the call refused before it ran) passes too."""
     expected = "RuntimeError" + (f" naming one of {', '.join(names)}" if names else "")
+    expected += " (or a ValueError refusing the call)" if refusal_ok else ""
     try:
         call = setup()
     except Exception as e:  # noqa: BLE001 - legal calls that raise are a finding too
@@ -229,6 +233,10 @@ def _expect_error(
             if not names or any(n in str(e) for n in names):
                 return []
             actual = f"RuntimeError: {e}"
+        except ValueError as e:
+            if refusal_ok:
+                return []
+            actual = f"ValueError: {e}"
         except Exception as e:  # noqa: BLE001
             actual = f"{type(e).__name__}: {e}"
         else:
@@ -247,7 +255,7 @@ def _i64(values, device: torch.device) -> torch.Tensor:
 def probe_integrity(
     factory: Callable, args: list, kwargs: dict, cp_rank: int, fused: bool
 ) -> list[Violation]:
-    """Plant the two faults of SPEC.md 8.3 that legal calls can make, on fresh instances.
+    """Plant the faults of SPEC.md 8.3 on fresh instances.
 
     A shared slot: rows 0 and 1 hold the same block ids and both map positions
     `[0, P)` (an allocator that hands one block to two requests); the message
@@ -256,7 +264,8 @@ def probe_integrity(
     an append, and a row cut short by an overwrite with fewer blocks, after the
     last apply, then a gather of that row. `fused`:
     the implementation has `gather_and_compute_slot_mappings` (section 8.2),
-    whose effects are those of both calls, checks included.
+    whose effects are those of both calls, checks included. A gathered row
+    unlike its source, counts published: see `_aliased_gather`.
     """
     device = args[4]
     ref = _reference(args, kwargs, cp_rank)
@@ -303,7 +312,36 @@ def probe_integrity(
 
         what = f"{how} of a row {change} after the last apply_staged_writes (a stale count)"
         found += _expect_error(what, setup, cp_rank)
+    if n >= 2:
+        found += _expect_error(
+            "gather_block_tables into one out tensor given for every group (a gathered row "
+            "that differs from its source, counts all published)",
+            lambda: _aliased_gather(factory, args, kwargs, ref),
+            cp_rank,
+            refusal_ok=True,
+        )
     return found
+
+
+def _aliased_gather(
+    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables
+) -> Callable[[], object]:
+    """Row 0 holds a different block in every group, applied; the gather's `out` names one
+    tensor for all groups, so one group's copy overwrites another's: a gathered row differs
+    from its source while every count is published. Only the entry comparison of SPEC.md 8.3
+    sees it (a refusal of the aliased `out` up front is fine too)."""
+    rules, device = ref.rules, args[4]
+    first, ids = set(), []
+    for m in rules.m:  # the groups' first kernel ids must differ pairwise
+        b = _SHARED_ID + len(ids)
+        while b * m in first:
+            b += 1
+        first.add(b * m)
+        ids.append([b])
+    impl = _filled(factory, args, kwargs, ids, rows=(0,))
+    shared = torch.zeros((1, max(rules.width)), dtype=torch.int32, device=device)
+    idx = _i32([0], device)
+    return lambda: impl.gather_block_tables(idx, 1, out=[shared] * rules.num_groups)
 
 
 def _repeats(row: np.ndarray) -> list[int]:

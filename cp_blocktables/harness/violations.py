@@ -18,7 +18,7 @@ CHECKS = {
     7: "configs, workload and block tables agree across ranks",
     8: "an append past a row's capacity raises RuntimeError and changes nothing",
     9: "construction refuses an invalid config with ValueError naming the argument",
-    10: "integrity checks (SPEC.md 8.3) raise RuntimeError on a shared slot or a stale count",
+    10: "integrity checks (SPEC.md 8.3) raise RuntimeError: shared slot, stale count, wrong row",
 }
 
 _TAG_SHIFT = 40

@@ -176,6 +176,25 @@ def test_integrity_errors_must_name_the_slot_and_catch_both_stale_directions(imp
     assert all(what in v.what for v in found)
 
 
+class _CountsOnly(BlockTables):
+    """Checks a gather's counts but compares each source row with itself, not the output."""
+
+    def _check_gathered(self, dst, idx_mapping, num_computed_tokens):
+        sources = [t.gpu for t in self.block_tables]
+        integrity.check_gathered_block_tables(
+            sources, sources, idx_mapping, self.num_blocks.gpu, self.num_blocks.np,
+            self.kernel_block_sizes, self.sliding_window_reach, num_computed_tokens,
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])
+def test_a_gather_check_that_misses_a_wrong_row_is_check_10(preset):
+    """One `out` tensor for every group: rows differ from their sources, counts are right."""
+    found = _findings(_CountsOnly, preset, ranks=[0])
+    assert [(v.check, v.actual) for v in found] == [(10, "no error")], [v.describe() for v in found]
+    assert "one out tensor given for every group" in found[0].what
+
+
 class _IgnoresTheEnvironment(BlockTables):
     """Turns integrity checks on by the keyword only, not by CPBT_INTEGRITY_CHECKS=1."""
 
