@@ -3,6 +3,7 @@ pending and no process behind, and a resume that picks up what is pending."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from harness_proc import child_env, leftover_processes, run_cli  # noqa: E402
 pytest.importorskip("cosmic_ray")
 
 from cp_blocktables.mutate import session, shares  # noqa: E402
+from cp_blocktables.mutate.command import add_mutate_arguments, run_mutate  # noqa: E402
 from cp_blocktables.mutate.scratch import ScratchPackage  # noqa: E402
 
 # kernels.layout is small (110 mutants), groups-0 the cheapest preset: seconds a mutant.
@@ -108,11 +110,13 @@ def test_stopping_kills_the_probes_running_on_a_share(tmp_path):
         "resume-nothing",
     ],  # fmt: skip
 )
-def test_bad_options_are_usage_errors(tmp_path, args, message):
+def test_bad_options_are_usage_errors(tmp_path, capsys, args, message):
+    parser = argparse.ArgumentParser()
+    add_mutate_arguments(parser)
     args = [str(tmp_path) if a == "WORK" else a for a in args]
-    proc = run_cli(["mutate", "--dry-run", *args])
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert message in proc.stderr
+    assert run_mutate(parser.parse_args(["--dry-run", *args])) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "share-0").exists()
 
 
 def test_pending_is_counted_without_loading_the_session(tmp_path):
