@@ -82,6 +82,12 @@ CASES = [
         [(0, 2**31 + 5, 6), (-1, 2**40, 2), (1, 2**31 - 3, 6)],
         pos32=False,
     ),
+    _case(  # a row's span passes 2**31 only with the CP factor: POS32 must count it
+        "cp2-span-past-2**31-only-with-cp",
+        _config(block_sizes=[2**20], max_num_blocks_per_group=[1100], cp_size=2, cp_rank=0),
+        [(0, 2**31 + 5, 6), (1, 2**31 - 3, 6)],
+        pos32=False,
+    ),
     _case(
         "cp1-slots-past-2**31",
         _config(block_sizes=[16, 12], max_num_blocks_per_group=[64, 96]),
