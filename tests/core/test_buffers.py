@@ -59,6 +59,14 @@ def test_uva_backed_tensor_rotates_two_snapshots_by_default(torch_device):
     assert t.copy_to_uva().data_ptr() == initial
 
 
+def test_a_pool_without_a_device_takes_the_gpu_when_there_is_one():
+    """`device=None`: a CUDA device where one is visible, else the CPU (the helper's default;
+    `BlockTables` always passes its own)."""
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert UvaBufferPool(4, torch.int32).device.type == want
+    assert UvaBackedTensor((2, 3), torch.int32).gpu.device.type == want
+
+
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.float32], ids=str)
 def test_staged_writes_apply_in_one_launch(torch_device, dtype):
     t = StagedWriteTensor((3, 5), dtype, torch_device)
