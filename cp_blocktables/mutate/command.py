@@ -294,30 +294,45 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
             f"run them with --resume --work-dir {work}"
         )
     if args.report:
-        report = {
-            "date": datetime.date.today().isoformat(),
-            "command": ["cp-blocktables", "mutate", *sys.argv[2:]],
-            "test_command": test_command(parts[0].sp, fast, confirm, max(10.0, timeout / 2)),
-            "presets": presets,
-            "world_size": args.world_size,
-            "confirm": None
-            if confirm is None
-            else {
-                "presets": list(confirm.presets) or ["(default sweep)"],
-                "world_size": confirm.world_size,
-            },  # fmt: skip
-            "modules": sorted(chosen),
-            "sample": args.sample,
-            "seed": args.seed,
-            "timeout_s": timeout,
-            "wall_s": round(wall, 1),
-            **summary,
-            "verdicts": [v.as_dict() for v in vs],
-        }
+        report = _report(args, parts[0].sp, fast, confirm, chosen, timeout, wall, summary, vs)
         Path(args.report).write_text(json.dumps(report, indent=1) + "\n")
     if summary["unexplained_survivors"]:
         return 1
     return 3 if summary["pending"] else 0
+
+
+def _report(
+    args: argparse.Namespace,
+    sp: scratch.ScratchPackage,
+    fast: HarnessRun,
+    confirm: HarnessRun | None,
+    chosen: list[str],
+    timeout: float,
+    wall: float,
+    summary: dict,
+    vs: list[outcome.Verdict],
+) -> dict:
+    """The JSON report: the options, the figures and every executed mutant."""
+    return {
+        "date": datetime.date.today().isoformat(),
+        "command": ["cp-blocktables", "mutate", *sys.argv[2:]],
+        "test_command": test_command(sp, fast, confirm, max(10.0, timeout / 2)),
+        "presets": list(fast.presets),
+        "world_size": fast.world_size,
+        "confirm": None
+        if confirm is None
+        else {
+            "presets": list(confirm.presets) or ["(default sweep)"],
+            "world_size": confirm.world_size,
+        },  # fmt: skip
+        "modules": sorted(chosen),
+        "sample": args.sample,
+        "seed": args.seed,
+        "timeout_s": timeout,
+        "wall_s": round(wall, 1),
+        **summary,
+        "verdicts": [v.as_dict() for v in vs],
+    }
 
 
 def _baseline(
