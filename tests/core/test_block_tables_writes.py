@@ -144,6 +144,20 @@ def test_public_state(torch_device):
     assert bt.input_block_table_ptrs.tolist() == [t.data_ptr() for t in bt.input_block_tables]
 
 
+def test_reallocated_tables_may_have_spare_rows(pair):
+    """Tables reallocated with more than `max_num_reqs` rows are accepted: kernels read
+    only the first `max_num_reqs`."""
+    p = pair(**small())
+    rows = p.bt.max_num_reqs + 3
+    p.bt.block_tables[0].gpu = torch.zeros(rows, 4, dtype=torch.int32, device=p.device)
+    p.bt.input_block_tables[0] = torch.zeros(rows, 4, dtype=torch.int32, device=p.device)
+    p.bt.init_block_table_layout_tensors()
+    p.append(0, ([5],))
+    p.bt.apply_staged_writes()
+    p.gather([0], 1)
+    assert p.bt.input_block_tables[0][0, 0].item() == 5
+
+
 def test_layout_tensors_follow_reallocated_tables(pair):
     p = pair(**small())
     p.bt.block_tables[0].gpu = torch.zeros(4, 4, dtype=torch.int32, device=p.device)
