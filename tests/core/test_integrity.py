@@ -171,6 +171,7 @@ def test_count_functions_on_crafted_tensors(torch_device):
     assert int(integrity.count_slot_mapping_faults(s, qsl, [16, 2])) == 3
     text = integrity.explain_slot_mapping_faults(s, qsl, ints([2, -1], d), None, [16, 16])
     assert "group 0: token 3 (batch entry 1, row -1) has negative slot -5" in text
+    assert text.count("negative slot") == 1  # token 0's PAD is no fault
     assert "group 0: slot 40 is shared by token 1 (batch entry 0, row 2) and token 2" in text
     assert "group 1" not in text
 
