@@ -132,7 +132,7 @@ def verdicts(
 
 def summarize(vs: list[Verdict], total: int, annotation: int = 0) -> dict:
     """Counts and kill rates. Kill rate: (killed + timeout) over the competent mutants run;
-    the second leaves out the argued survivors (equivalent, outside the contract)."""
+    the second leaves out the argued survivors (equivalent, outside the contract, GPU only)."""
     c = Counter(v.outcome for v in vs)
     argued = c["equivalent"] + c["outside"] + c["gpu"]
     competent = c["killed"] + c["timeout"] + c["survived"] + argued
