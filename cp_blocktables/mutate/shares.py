@@ -68,8 +68,12 @@ class Share:
         return self.home / "exec.log"
 
 
+def _share_dir(work: Path, index: int) -> Path:
+    return work / f"share-{index}"
+
+
 def _home(work: Path, index: int, count: int) -> Path:
-    return work if count == 1 else work / f"share-{index}"
+    return work if count == 1 else _share_dir(work, index)
 
 
 def build(work: Path, source_dir: Path, count: int) -> list[Share]:
@@ -86,7 +90,7 @@ def existing_count(work: Path) -> int:
     if (work / "session.sqlite").is_file():
         return 1
     n = 0
-    while (_home(work, n, 2) / "session.sqlite").is_file():
+    while (_share_dir(work, n) / "session.sqlite").is_file():
         n += 1
     return n
 
