@@ -212,7 +212,8 @@ def run_mutate(args: argparse.Namespace) -> int:
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="cpbt-mutate-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        return _run(args, source_dir, root, work.resolve())
+        with shares.sigterm_unwinds():
+            return _run(args, source_dir, root, work.resolve())
     except (ValueError, FileNotFoundError, session.CosmicRayError) as e:
         print(f"cp-blocktables mutate: error: {e}", file=sys.stderr)
         return 2

@@ -10,10 +10,12 @@ reports never count it as run.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import random
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -210,21 +212,34 @@ def read_mutants(session: Path) -> list[Mutant]:
 
 
 def run_test_command(command: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
-    """Run the test command once on the unmutated copy: (exit code, output)."""
+    """Run the test command once on the unmutated copy: (exit code, output).
+
+    It runs in a session of its own, killed whole (the harness's ranks with it)
+    on the timeout or when this process is interrupted."""
     env = dict(env, PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            command,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=timeout,
-            start_new_session=True,
-        )
+        out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _kill_session(proc)
         return 124, f"baseline timed out after {timeout:.0f} s"
-    return proc.returncode, proc.stdout
+    except BaseException:
+        _kill_session(proc)
+        raise
+    return proc.returncode, out
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
 
 
 def child_env(paths: list[Path]) -> dict[str, str]:

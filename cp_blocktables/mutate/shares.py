@@ -23,7 +23,8 @@ Invariants:
   loses the mutants in flight, which stay pending, and may leave a copy
   mutated: `--resume` copies the pristine implementation again before it runs
   what is pending.
-* Every process a run starts is gone when it returns: on the time limit the
+* Every process a run starts is gone when it returns: on the time limit, on
+  Ctrl-C and on SIGTERM (`timeout`, `kill`, a CI runner cancelling the job) the
   `exec` processes and the probes they started (each in a session of its own,
   found by the copy's path on its command line) are killed.
 """
@@ -38,6 +39,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,7 +133,8 @@ def execute(
     """`cosmic-ray exec` of every share with pending mutants, `jobs` at a time.
 
     Returns False when the time limit stopped the run (what was in flight stays
-    pending); raises `CosmicRayError` when an `exec` fails.
+    pending); raises `CosmicRayError` when an `exec` fails. Under `sigterm_unwinds`
+    a SIGTERM stops it like Ctrl-C, every process it started killed.
     """
     deadline = None if time_limit is None else time.monotonic() + max(0.0, time_limit)
     todo = [sh for sh in shares if session.count_pending(sh.db)]
@@ -160,6 +163,26 @@ def execute(
         return True
     finally:
         _stop(running, [sh for sh, _ in running])
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Inside, SIGTERM raises `KeyboardInterrupt` as Ctrl-C does, so that `finally`
+    blocks still stop every process the run started (by default SIGTERM ends
+    Python at once, its children left running)."""
+
+    def _unwind(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, _unwind)
+    except ValueError:  # not the main thread: signals cannot be caught there
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _start_exec(sh: Share, env: dict[str, str]) -> subprocess.Popen:

@@ -75,6 +75,42 @@ def test_a_time_limit_leaves_the_rest_pending_and_a_resume_runs_it(tmp_path):
     assert all(v["module"] == "cp_blocktables/kernels/layout.py" for v in data["verdicts"])
 
 
+def _wait_for(condition, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the run never got there"
+        time.sleep(0.1)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("stage", ["baseline", "exec"])
+def test_sigterm_stops_the_run_with_no_process_behind(tmp_path, stage):
+    work = tmp_path / "work"
+    env = child_env()
+    args = ["mutate", *SMALL, "--sample", "2", "--jobs", "2", "--work-dir", str(work)]
+    run = subprocess.Popen(
+        [sys.executable, "-m", "cp_blocktables", *args],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        if stage == "baseline":  # the unmutated copy's probe, its ranks forked or forking
+            _wait_for(lambda: shares._pids_naming([str(work / "share-0" / "src")]))
+        else:  # a share's `cosmic-ray exec` started
+            _wait_for(lambda: (work / "share-0" / "exec.log").exists())
+        time.sleep(0.5)
+        run.terminate()
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 130 and "interrupted" in err, err
+    time.sleep(0.5)
+    assert leftover_processes(env["CP_BLOCKTABLES_TEST_MARKER"]) == []
+
+
 def test_stopping_kills_the_probes_running_on_a_share(tmp_path):
     root = tmp_path / "share-0" / "src"
     root.mkdir(parents=True)
