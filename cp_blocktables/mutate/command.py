@@ -15,8 +15,9 @@ survivor is a mutant that `verify` with the default sweep passes, which is
 the claim docs/mutation.md measures.
 
 Exit codes: 0 every executed mutant was killed (or timed out, or does not
-import) or is argued in docs/mutation.md (equivalent, or outside the
-contract); 1 an unexplained survivor; 2 bad usage, Cosmic Ray missing, or the baseline failed.
+import) or is argued in docs/mutation-survivors.md (equivalent, outside the
+contract, or GPU only); 1 an unexplained survivor; 2 bad usage, Cosmic Ray
+missing, or the baseline failed; 3 `--time-limit` left mutants pending.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ def add_mutate_arguments(p: argparse.ArgumentParser) -> None:
         "--allowlist",
         metavar="PATH",
         help="argued survivors, equivalent or outside the contract "
-        "(default: docs/mutation.md of the project)",
+        "(default: docs/mutation-survivors.md of the project)",
     )
     p.add_argument(
         "--work-dir",
@@ -279,7 +280,7 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
         return 0
     left = None if args.time_limit is None else args.time_limit - (time.monotonic() - started)
     finished = shares.execute(parts, env, args.jobs, args.progress, left)
-    allow_path = Path(args.allowlist) if args.allowlist else root / "docs" / "mutation.md"
+    allow_path = Path(args.allowlist) if args.allowlist else root / "docs" / "mutation-survivors.md"
     allowlist = outcome.read_allowlist(allow_path)
     vs = [
         v for sh in parts for v in outcome.verdicts(session.read_mutants(sh.db), origins, allowlist)

@@ -8,7 +8,7 @@ Classes (each executed mutant has exactly one):
 * `incompetent`: the mutant does not import (the probe's marker), or Cosmic
   Ray could not run it;
 * `survived`: the harness passed; `equivalent` or `outside` when its id is
-  allowlisted (argued in docs/mutation.md): equivalent, no input tells it
+  allowlisted (argued in docs/mutation-survivors.md): equivalent, no input tells it
   apart; outside the contract, only inputs SPEC.md prescribes nothing for
   tell it apart (method arguments it forbids, helper options `BlockTables`
   never uses), so the harness must pass it, and the unit tests kill it;
@@ -25,7 +25,7 @@ A mutant's id (`m-` and 10 hex digits) hashes the module, the operator, the
 enclosing definition and the changed source lines, not Cosmic Ray's
 occurrence number or line number, so it survives edits elsewhere in the file.
 The allowlist is every id in a `### ` heading of the `## Equivalent mutants`,
-`## Outside the contract` and `## GPU only` sections of docs/mutation.md.
+`## Outside the contract` and `## GPU only` sections of docs/mutation-survivors.md.
 """
 
 from __future__ import annotations

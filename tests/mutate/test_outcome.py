@@ -123,7 +123,7 @@ def test_annotation_spans_only_when_annotations_are_postponed():
 
 
 def test_docs_allowlist_ids_are_well_formed():
-    doc = ROOT / "docs" / "mutation.md"
+    doc = ROOT / "docs" / "mutation-survivors.md"
     if doc.is_file():
         for mid in outcome.read_allowlist(doc):
             assert len(mid) == 12
