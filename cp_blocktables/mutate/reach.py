@@ -97,11 +97,36 @@ def measure(
     package directory `package`; what ran in each of `files` (in `package`), keyed by path
     relative to `home`."""
     from cosmic_ray.util import read_python_source
-    from coverage import Coverage
     from coverage.parser import PythonParser
+
+    lines, out = _executed_lines(command, env, home, package, timeout)
+    found = {}
+    for path in files:
+        text = read_python_source(path)
+        parser = PythonParser(text=text, filename=str(path))
+        parser.parse_source()
+        ran = frozenset(parser.translate_lines(lines.get(path.resolve(), [])))
+        found[str(path.relative_to(home))] = Ran(text, parser, ran)
+    if not any(r.statements - {0} for r in found.values()):  # 0: an empty module ran
+        raise ReachError(
+            f"coverage traced no line of the copy in {package} although the test "
+            f"command passed: it did not measure the copy, so nothing can be judged "
+            f"unreached (pass --no-coverage)\n{out[-2000:]}"
+        )
+    return found
+
+
+def _executed_lines(
+    command: list[str], env: dict[str, str], home: Path, package: Path, timeout: float
+) -> tuple[dict[Path, list[int]], str]:
+    """The lines `command` executes in files under `package`, by resolved path, from its
+    run under `coverage run` and every process it forks or starts; and its output."""
+    from coverage import Coverage
+    from coverage.exceptions import CoverageException
 
     if command[:2] != [sys.executable, "-m"]:
         raise ReachError(f"not a `python -m` command: {command[:3]}")
+    env = {k: v for k, v in env.items() if not k.startswith("COVERAGE_")}  # ours alone
     with tempfile.TemporaryDirectory(prefix="cpbt-reach-") as tmp:
         rc = Path(tmp) / ".coveragerc"
         rc.write_text(
@@ -116,23 +141,12 @@ def measure(
                 f"to run every mutant\n{out[-4000:]}"
             )
         cov = Coverage(config_file=str(rc))
-        cov.combine(strict=True)
+        try:
+            cov.combine(strict=True)
+        except CoverageException as e:
+            raise ReachError(f"no coverage data to read: {e}\n{out[-2000:]}") from None
         data = cov.get_data()
-        lines = {Path(f).resolve(): data.lines(f) or [] for f in data.measured_files()}
-    found = {}
-    for path in files:
-        text = read_python_source(path)
-        parser = PythonParser(text=text, filename=str(path))
-        parser.parse_source()
-        ran = frozenset(parser.translate_lines(lines.get(path.resolve(), [])))
-        found[str(path.relative_to(home))] = Ran(text, parser, ran)
-    if not any(r.statements for r in found.values()):
-        raise ReachError(
-            f"coverage traced no line of the copy in {package} although the test "
-            f"command passed: it did not measure the copy, so nothing can be judged "
-            f"unreached (pass --no-coverage)\n{out[-2000:]}"
-        )
-    return found
+        return {Path(f).resolve(): data.lines(f) or [] for f in data.measured_files()}, out
 
 
 def _run_group(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,69 @@ os.waitpid(pid, 0)
 subprocess.run([sys.executable, "-c", "from pkg import tiny; tiny.in_subprocess()"], check=True)
 """
 
+# Every statement runs, and with it every operator Cosmic Ray has: decorators, a signature
+# and a comprehension over several rows, a loop's every branch, an exception caught.
+WHOLE = """\
+import functools
+
+
+def deco(n=1):
+    def wrap(fn):
+        return fn
+
+    return wrap
+
+
+@deco(
+    n=2 + 1,
+)
+@functools.lru_cache(maxsize=4 * 2)
+def f(
+    x,
+    y=3 - 1,
+    *,
+    z=not False,
+):
+    total = 0
+    for i in range(x + 1):
+        if i % 2 == 0 and y > 0 or z:
+            total += i * 2
+        elif i == 3:
+            total -= 1
+        else:
+            continue
+        while total > 4:
+            total //= 2
+            break
+    try:
+        1 / (x - x)
+    except ZeroDivisionError:
+        total = total + 1
+    finally:
+        total = -total
+    g = lambda a=1 + 1: a * 2  # noqa: E731
+    data = {
+        k: v + 1
+        for k, v in zip(range(3), range(3 + 0))
+        if k >= 0
+    }
+    return total + g() + len(data) + (
+        1 if x > 0 else 2
+    ) | 0
+
+
+class C:
+    limit = 10 << 1
+    flag = True
+
+    @property
+    def p(self):
+        return self.limit >> 1
+
+
+RESULT = (f(3), f(5, 1, z=False), C().p, ~1, +2, 3**2, 7 % 3, 5 & 3, 5 ^ 3)
+"""
+
 MODULE = "src/pkg/tiny.py"
 UNREACHED_ROWS = {6, 21}  # `return x - 1` and the body of `never`
 
@@ -69,17 +133,24 @@ def _env(home: Path) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
 
 
-def _package(home: Path) -> None:
+def _package(home: Path, source: str = TINY) -> None:
     pkg = home / "src" / "pkg"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "tiny.py").write_text(TINY)
+    (pkg / "tiny.py").write_text(source)
 
 
 def _measure(home: Path, module: str = "drive", timeout: float = 120) -> dict[str, reach.Ran]:
     pkg = home / "src" / "pkg"
     files = [pkg / "__init__.py", pkg / "tiny.py"]
     return reach.measure([sys.executable, "-m", module], _env(home), home, pkg, files, timeout)
+
+
+def _init(home: Path, db: str) -> None:
+    """`cosmic-ray init` of `tiny.py` into `home/db`, with a test command that kills all."""
+    fail = [sys.executable, "-c", "import sys; sys.exit(1)"]
+    session.write_config(home / "cosmic-ray.toml", [Path(MODULE)], fail, 60)
+    session.cosmic_ray(["init", "cosmic-ray.toml", db], env=_env(home), cwd=home)
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +160,7 @@ def tiny(tmp_path_factory) -> tuple[Path, dict[str, reach.Ran]]:
     home = tmp_path_factory.mktemp("tiny")
     _package(home)
     (home / "drive.py").write_text(DRIVE)
-    fail = [sys.executable, "-c", "import sys; sys.exit(1)"]  # every mutant that runs is killed
-    session.write_config(home / "cosmic-ray.toml", [Path(MODULE)], fail, 60)
-    session.cosmic_ray(["init", "cosmic-ray.toml", "fresh.sqlite"], env=_env(home), cwd=home)
+    _init(home, "fresh.sqlite")
     return home, _measure(home)
 
 
@@ -137,6 +206,17 @@ def _results(db: Path) -> dict[str, session.Mutant]:
 def test_a_row_is_reached_when_its_statement_ran(tiny, text, reached):
     _, ran = tiny
     assert ran[MODULE].reached(_row(text)) is reached
+
+
+def test_no_mutant_of_a_module_that_runs_whole_is_unreached(tmp_path):
+    _package(tmp_path, WHOLE)
+    (tmp_path / "drive.py").write_text("from pkg import tiny  # noqa: F401\n")
+    _init(tmp_path, "whole.sqlite")
+    ran = _measure(tmp_path)
+    assert ran[MODULE].statements == ran[MODULE].parser.statements
+    operators = {m.operator.split("_")[0] for m in session.read_mutants(tmp_path / "whole.sqlite")}
+    assert len(operators) >= 14  # every operator family of Cosmic Ray but the variable ones
+    assert reach.record(tmp_path / "whole.sqlite", tmp_path, ran) == 0
 
 
 def test_unreached_mutants_are_recorded_as_survivors_and_the_rest_stay_pending(tiny, db):
@@ -230,8 +310,17 @@ def test_the_timeout_kills_the_whole_group(tmp_path):
     with pytest.raises(reach.ReachTimeout):
         reach._run_group([sys.executable, "-c", code], dict(os.environ), tmp_path, 5)
     child = int(pid_file.read_text())
-    stat = Path(f"/proc/{child}/stat")
-    assert not stat.exists() or ") Z " in stat.read_text()
+    deadline = time.monotonic() + 10  # SIGKILL is sent; a loaded machine takes a while
+    while _alive(child):
+        assert time.monotonic() < deadline, "the grandchild outlived the timeout"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return ") Z " not in Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
 
 
 def test_missing_coverage_names_the_way_out(monkeypatch):
