@@ -288,13 +288,8 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
     if args.dry_run:
         return 0
     if pending and not args.no_coverage:
-        _not_reached(
-            parts,
-            test_command(parts[0].sp, fast, confirm, max(10.0, timeout / 2)),
-            env,
-            timeout,
-            _left(args, started),
-        )
+        cmd = test_command(parts[0].sp, fast, confirm, max(10.0, timeout / 2))
+        reach.prepass(parts, cmd, env, timeout, _left(args, started))
     left = _left(args, started)
     finished = shares.execute(parts, env, args.jobs, args.progress, left)
     allow_path = Path(args.allowlist) if args.allowlist else root / "docs" / "mutation.md"
@@ -323,38 +318,6 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
 def _left(args: argparse.Namespace, started: float) -> float | None:
     """Seconds left of --time-limit (None: no limit)."""
     return None if args.time_limit is None else args.time_limit - (time.monotonic() - started)
-
-
-def _not_reached(
-    parts: list[shares.Share],
-    cmd: list[str],
-    env: dict[str, str],
-    timeout: float,
-    left: float | None,
-) -> None:
-    """The coverage pre-pass (`reach`): run `cmd` on share 0's copy under coverage, then
-    record in every share the pending mutants whose statement never ran as survivors.
-    It may take 3 mutants' timeouts; a --time-limit that ends first skips it."""
-    limit = 3 * timeout if left is None else min(3 * timeout, left)
-    if limit <= 0:
-        print("mutate: --time-limit reached before the coverage pre-pass; it is skipped")
-        return
-    sp = parts[0].sp
-    t0 = time.monotonic()
-    try:
-        ran = reach.measure(
-            cmd, env, parts[0].home, sp.root / sp.package, list(sp.modules.values()), limit
-        )
-    except reach.ReachTimeout:
-        if left is None or limit < left:
-            raise
-        print("mutate: --time-limit reached during the coverage pre-pass; nothing recorded")
-        return
-    found = sum(reach.record(sh.db, sh.home, ran) for sh in parts)
-    print(
-        f"mutate: coverage pre-pass ({time.monotonic() - t0:.0f} s): {found} mutants lie in "
-        "statements the unmutated test command never runs: survivors (not reached), not run"
-    )
 
 
 def _report(

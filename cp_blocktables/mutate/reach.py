@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from cosmic_ray.work_item import WorkItem, WorkResult
     from coverage.parser import PythonParser
+
+    from .shares import Share
 
 NOT_REACHED_MARKER = "CPBT-MUTATE: NOT REACHED"
 MIN_COVERAGE = (7, 10)  # `[run] patch = fork, _exit, subprocess`
@@ -70,6 +73,37 @@ def require_coverage() -> None:
             "the coverage pre-pass needs coverage>=7.10: pip install 'coverage>=7.10' "
             "(or pip install -e '.[test]'), or pass --no-coverage"
         )
+
+
+def prepass(
+    shares: list[Share],
+    command: list[str],
+    env: dict[str, str],
+    timeout: float,
+    left: float | None,
+) -> None:
+    """Run `command` on share 0's copy under coverage, then record in every share the
+    pending mutants whose statement never ran as survivors (printed). It may take 3
+    mutants' `timeout`s; a --time-limit (`left` seconds) that ends first skips it."""
+    limit = 3 * timeout if left is None else min(3 * timeout, left)
+    if limit <= 0:
+        print("mutate: --time-limit reached before the coverage pre-pass; it is skipped")
+        return
+    sp = shares[0].sp
+    t0 = time.monotonic()
+    try:
+        files = list(sp.modules.values())
+        ran = measure(command, env, shares[0].home, sp.root / sp.package, files, limit)
+    except ReachTimeout:
+        if left is None or limit < left:
+            raise
+        print("mutate: --time-limit reached during the coverage pre-pass; nothing recorded")
+        return
+    found = sum(record(sh.db, sh.home, ran) for sh in shares)
+    print(
+        f"mutate: coverage pre-pass ({time.monotonic() - t0:.0f} s): {found} mutants lie in "
+        "statements the unmutated test command never runs: survivors (not reached), not run"
+    )
 
 
 @dataclass(frozen=True)
