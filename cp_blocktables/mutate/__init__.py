@@ -24,7 +24,8 @@ Invariants:
   exits non-zero.
 
 Modules: `scratch` builds the copy, `session` drives Cosmic Ray, `shares` splits a
-run into sessions run at once and resumed, `outcome`
+run into sessions run at once and resumed, `reach` records the mutants in
+statements the unmutated test command never runs as survivors, `outcome`
 classifies and reports, `probe` is the per-mutant test command, `command`
 the CLI sub-command.
 """

@@ -3,7 +3,9 @@
 Steps: copy the implementation modules (`scratch`), run the harness once on
 the unmutated copy (a baseline that must pass, and whose wall time sets the
 default per-mutant timeout), `cosmic-ray init`, keep a fixed sample when
-asked, `cosmic-ray exec`, then classify and report (`outcome`).
+asked, record the mutants whose statement the unmutated test command never
+runs as survivors (`reach`, unless `--no-coverage`), `cosmic-ray exec`, then
+classify and report (`outcome`).
 
 Both harness runs use `--device cpu`: the copy's Triton kernels run under the
 interpreter on every host (a GPU host only adds cores), so a mutant's verdict
@@ -32,7 +34,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import outcome, scratch, session, shares
+from . import outcome, reach, scratch, session, shares
 from .probe import INCOMPETENT_EXIT
 
 DEFAULT_PRESETS = ("mutation", "mutation-cp1", "mutation-odd", "groups-0")
@@ -107,6 +109,12 @@ def add_mutate_arguments(p: argparse.ArgumentParser) -> None:
         "--dry-run",
         action="store_true",
         help="build the copy and the session, print the mutant count, run nothing",
+    )
+    p.add_argument(
+        "--no-coverage",
+        action="store_true",
+        help="run every mutant: no coverage pre-pass recording the mutants in statements "
+        "the unmutated test command never runs as survivors (not reached) without running them",
     )
     p.add_argument("--progress", action="store_true", help="print progress every 30 s")
     p.add_argument(
@@ -205,8 +213,10 @@ def _verify_args(
 def run_mutate(args: argparse.Namespace) -> int:
     try:
         session.require_cosmic_ray()
+        if not (args.no_coverage or args.dry_run):
+            reach.require_coverage()
         _check_args(args)
-    except (session.CosmicRayError, ValueError) as e:
+    except (session.CosmicRayError, reach.ReachError, ValueError) as e:
         print(f"cp-blocktables mutate: error: {e}", file=sys.stderr)
         return 2
     source_dir, root = _project()
@@ -215,7 +225,7 @@ def run_mutate(args: argparse.Namespace) -> int:
     try:
         with shares.sigterm_unwinds():
             return _run(args, source_dir, root, work.resolve())
-    except (ValueError, FileNotFoundError, session.CosmicRayError) as e:
+    except (ValueError, FileNotFoundError, session.CosmicRayError, reach.ReachError) as e:
         print(f"cp-blocktables mutate: error: {e}", file=sys.stderr)
         return 2
     finally:
@@ -278,7 +288,10 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
         total, annotation, pending = _init(args, parts, work, env)
     if args.dry_run:
         return 0
-    left = None if args.time_limit is None else args.time_limit - (time.monotonic() - started)
+    if pending and not args.no_coverage:
+        cmd = test_command(parts[0].sp, fast, confirm, max(10.0, timeout / 2))
+        reach.prepass(parts, cmd, env, timeout, _left(args, started))
+    left = _left(args, started)
     finished = shares.execute(parts, env, args.jobs, args.progress, left)
     allow_path = Path(args.allowlist) if args.allowlist else root / "docs" / "mutation-survivors.md"
     allowlist = outcome.read_allowlist(allow_path)
@@ -301,6 +314,11 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
     if summary["unexplained_survivors"]:
         return 1
     return 3 if summary["pending"] else 0
+
+
+def _left(args: argparse.Namespace, started: float) -> float | None:
+    """Seconds left of --time-limit (None: no limit)."""
+    return None if args.time_limit is None else args.time_limit - (time.monotonic() - started)
 
 
 def _report(
@@ -330,6 +348,7 @@ def _report(
         "modules": sorted(chosen),
         "sample": args.sample,
         "seed": args.seed,
+        "coverage_prepass": not args.no_coverage,
         "timeout_s": timeout,
         "wall_s": round(wall, 1),
         **summary,

@@ -1,6 +1,6 @@
 """Classify mutants, match them against the allowlist of argued-equivalent ones, report.
 
-Classes (each executed mutant has exactly one):
+Classes (each mutant run, or recorded as not reached, has exactly one):
 
 * `killed`: the harness exited non-zero;
 * `timeout`: the run passed the per-mutant timeout (Cosmic Ray kills it and
@@ -16,6 +16,12 @@ Classes (each executed mutant has exactly one):
   constants, CUDA buffers), which the harness's interpreted CPU kernels never
   take: a GPU run or a CUDA test kills it, and a CPU unit test that drives the
   GPU's choices through the interpreter.
+
+A survivor (of any of the four survivor classes) may be *not reached*: the
+coverage pre-pass (`reach`) found that the unmutated test command never runs
+its statement, and recorded it as a survivor without running it. It counts as
+a survivor everywhere (kill rate, allowlist, exit code) and is counted apart
+(`not_reached`), as `killed_by_confirm` is among the killed.
 
 Not run: `annotation`, a mutant inside an annotation that is never evaluated
 (`from __future__ import annotations`), equivalent by construction and
@@ -37,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .probe import CONFIRM_KILL_MARKER, INCOMPETENT_MARKER
+from .reach import NOT_REACHED_MARKER
 from .session import ANNOTATION_SKIP, Mutant
 
 _ID = re.compile(r"\bm-[0-9a-f]{10}\b")
@@ -54,6 +61,7 @@ class Verdict:
     outcome: str  # killed, timeout, incompetent, survived, equivalent, outside, gpu
     diff: str
     by_confirm: bool = False  # killed only by the confirming run (the default sweep)
+    not_reached: bool = False  # a survivor whose statement no harness run executes: not run
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -123,24 +131,30 @@ def verdicts(
             f"b/{m.module_path}", f"b/{module}"
         )
         mid = mutant_id(module, m.operator, m.definition, diff)
+        unreached = cls == "survived" and m.output.startswith(NOT_REACHED_MARKER)
         if cls == "survived" and mid in allowlist:
             cls = allowlist[mid]
         late = cls == "killed" and CONFIRM_KILL_MARKER in m.output
-        out.append(Verdict(mid, module, m.line, m.operator, m.definition, cls, diff, late))
+        out.append(
+            Verdict(mid, module, m.line, m.operator, m.definition, cls, diff, late, unreached)
+        )
     return out
 
 
 def summarize(vs: list[Verdict], total: int, annotation: int = 0) -> dict:
-    """Counts and kill rates. Kill rate: (killed + timeout) over the competent mutants run;
-    the second leaves out the argued survivors (equivalent, outside the contract, GPU only)."""
+    """Counts and kill rates. Kill rate: (killed + timeout) over the competent mutants
+    (run, or not reached: survivors); the second leaves out the argued survivors
+    (equivalent, outside the contract, GPU only). `mutants_run` leaves out the not reached."""
     c = Counter(v.outcome for v in vs)
     argued = c["equivalent"] + c["outside"] + c["gpu"]
     competent = c["killed"] + c["timeout"] + c["survived"] + argued
     dead = c["killed"] + c["timeout"]
+    unreached = sum(v.not_reached for v in vs)
     return {
         "mutants_total": total,
         "annotation_skipped": annotation,
-        "mutants_run": len(vs),
+        "mutants_run": len(vs) - unreached,
+        "not_reached": unreached,
         "killed": c["killed"],
         "killed_by_confirm": sum(v.by_confirm for v in vs),
         "timeout": c["timeout"],
@@ -169,16 +183,19 @@ def render(summary: dict, vs: list[Verdict], show_killed: bool = False) -> str:
     s = summary
     lines = [
         f"mutants: {s['mutants_run']} run of {s['mutants_total']} "
-        f"({s['annotation_skipped']} in never-evaluated annotations, not run)",
+        f"({s['annotation_skipped']} in never-evaluated annotations and "
+        f"{s['not_reached']} in statements the harness never runs, not run)",
         f"killed: {s['killed']} ({s['killed_by_confirm']} only by the confirming run)  "
         f"timeouts: {s['timeout']}  incompetent: {s['incompetent']}  "
         f"survived: {s['survived']} ({s['equivalent']} argued equivalent, "
-        f"{s['outside_contract']} outside the contract, {s['gpu_only']} GPU only)",
+        f"{s['outside_contract']} outside the contract, {s['gpu_only']} GPU only; "
+        f"{s['not_reached']} not reached)",
         f"kill rate: {s['kill_rate']:.1%} "
         f"({s['kill_rate_excluding_equivalent']:.1%} excluding argued survivors)",
     ]
     for v in sorted(vs, key=lambda v: (v.module, v.line, v.id)):
         if v.outcome in ("survived", "equivalent", "outside", "gpu") or show_killed:
             tag = _TAGS.get(v.outcome, v.outcome.upper())
+            tag += ", not reached" if v.not_reached else ""
             lines += ["", f"{v.id} {tag}: {v.module}:{v.line} {v.operator}", v.diff.rstrip()]
     return "\n".join(lines)

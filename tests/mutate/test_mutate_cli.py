@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -12,6 +14,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness_proc import run_cli  # noqa: E402
 
 pytest.importorskip("cosmic_ray")
+
+from cp_blocktables.mutate import command, reach, session, shares  # noqa: E402
+from cp_blocktables.mutate.command import add_mutate_arguments, run_mutate  # noqa: E402
+
+# kernels.layout with groups-0 alone (no KV-cache group): some statements never run.
+LAYOUT = ["--modules", "kernels.layout", "--preset", "groups-0", "--no-confirm"]
 
 
 def test_unknown_module_is_bad_usage():
@@ -39,6 +47,52 @@ def test_dry_run_counts_and_samples_without_running(tmp_path):
     assert (tmp_path / "session.sqlite").is_file()
     config = (tmp_path / "cosmic-ray.toml").read_text()
     assert "cpbt_mutant.block_tables:BlockTables" in config and 'name = "local"' in config
+    assert "coverage pre-pass" not in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def layout_work(tmp_path_factory) -> tuple[Path, int]:
+    """A dry run's work directory for LAYOUT (every mutant pending) and how many to run."""
+    work = tmp_path_factory.mktemp("layout")
+    proc = run_cli(["mutate", "--dry-run", *LAYOUT, "--work-dir", str(work)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return work, session.count_pending(work / "session.sqlite")
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("flags", [[], ["--no-coverage"]], ids=["pre-pass", "no-coverage"])
+def test_the_pre_pass_records_unreached_mutants_before_exec(
+    layout_work, tmp_path, monkeypatch, flags
+):
+    dry, to_run = layout_work
+    work = tmp_path / "work"
+    shutil.copytree(dry, work)
+    pending_at_exec = []
+    monkeypatch.setattr(command, "_baseline", lambda *_: 60.0)  # it passes: the CI sample runs it
+    monkeypatch.setattr(
+        shares,
+        "execute",
+        lambda parts, *_: pending_at_exec.append(session.count_pending(parts[0].db)) or True,
+    )
+    report = tmp_path / "report.json"
+    parser = argparse.ArgumentParser()
+    add_mutate_arguments(parser)
+    args = ["--resume", *LAYOUT, *flags, "--work-dir", str(work), "--report", str(report)]
+    code = run_mutate(parser.parse_args(args))
+    data = json.loads(report.read_text())
+    unrun = [v for v in data["verdicts"] if v["not_reached"]]
+    assert pending_at_exec == [data["pending"]] == [to_run - len(unrun)]
+    assert data["coverage_prepass"] is not flags
+    if flags:
+        assert (code, data["not_reached"], data["verdicts"]) == (3, 0, [])
+        return
+    assert code == 1 and 0 < len(unrun) == data["not_reached"] == len(data["verdicts"])
+    assert data["mutants_run"] == 0 and data["unexplained_survivors"] == len(unrun)
+    assert all(v["diff"].startswith("--- a/cp_blocktables/kernels/layout.py") for v in unrun)
+    mutants = session.read_mutants(work / "session.sqlite")
+    outputs = [m.output for m in mutants if m.worker_outcome == "normal"]
+    assert len(outputs) == len(unrun)
+    assert all(o.startswith(reach.NOT_REACHED_MARKER) for o in outputs)
 
 
 # The CI sample: a fixed sample (module, size and seed fixed, so the same mutants while

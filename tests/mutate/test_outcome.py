@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from cp_blocktables.mutate import outcome, session
 from cp_blocktables.mutate.probe import INCOMPETENT_MARKER
+from cp_blocktables.mutate.reach import NOT_REACHED_MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 DIFF = """--- mutation diff ---
@@ -112,6 +115,34 @@ def test_summary_figures():
     assert s["mutants_run"] == 4 and s["annotation_skipped"] == 3
     assert abs(s["kill_rate"] - 2 / 3) < 1e-9
     assert "kill rate: 66.7%" in outcome.render(s, vs)
+
+
+@pytest.mark.parametrize(
+    ("argued", "cls", "unexplained"),
+    [
+        (None, "survived", 1),
+        ("equivalent", "equivalent", 0),
+        ("outside", "outside", 0),
+        ("gpu", "gpu", 0),
+    ],
+    ids=["unargued", "equivalent", "outside", "gpu-only"],
+)
+def test_a_not_reached_survivor_is_a_survivor_counted_apart(argued, cls, unexplained):
+    unrun = mutant(test_outcome="survived", output=f"{NOT_REACHED_MARKER}: line 11")
+    ran = mutant(test_outcome="survived", output="PASS", diff=DIFF.replace("a - 1", "a * 1"))
+    (mid,) = {v.id for v in outcome.verdicts([unrun], {}, {})}
+    allowlist = {mid: argued} if argued else {}
+    v, w, k = outcome.verdicts([unrun, ran, mutant()], {}, allowlist)
+    assert (v.outcome, v.not_reached, w.not_reached, k.not_reached) == (cls, True, False, False)
+    assert v.as_dict()["not_reached"] is True
+    s = outcome.summarize([v, w, k], total=3)
+    assert (s["mutants_run"], s["not_reached"], s["survived"]) == (2, 1, 2)
+    assert s["unexplained_survivors"] == unexplained + 1
+    assert abs(s["kill_rate"] - 1 / 3) < 1e-9  # a survivor in the kill rate
+    text = outcome.render(s, [v, w, k])
+    assert "1 in statements the harness never runs, not run" in text and "; 1 not reached)" in text
+    assert f"{v.id} {outcome._TAGS.get(cls, 'SURVIVED')}, not reached:" in text
+    assert f"{w.id} SURVIVED:" in text
 
 
 def test_annotation_spans_only_when_annotations_are_postponed():

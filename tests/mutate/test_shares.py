@@ -71,7 +71,7 @@ def test_a_time_limit_leaves_the_rest_pending_and_a_resume_runs_it(tmp_path):
     proc = run_cli([*resumed, "--report", str(report)], timeout=600)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: a layout survivor
     data = json.loads(report.read_text())
-    assert data["pending"] == 0 and data["mutants_run"] == 2
+    assert data["pending"] == 0 and data["mutants_run"] + data["not_reached"] == 2
     assert all(v["module"] == "cp_blocktables/kernels/layout.py" for v in data["verdicts"])
 
 
@@ -82,8 +82,14 @@ def _wait_for(condition, seconds: float = 120) -> None:
         time.sleep(0.1)
 
 
+def _coverage_runs(src: Path) -> list[int]:
+    """The coverage pre-pass's processes on the copy `src`."""
+    pids = set(shares._pids_naming(["cpbt-reach-"]))
+    return [p for p in shares._pids_naming([str(src)]) if p in pids]
+
+
 @pytest.mark.multirank
-@pytest.mark.parametrize("stage", ["baseline", "exec"])
+@pytest.mark.parametrize("stage", ["baseline", "pre-pass", "exec"])
 def test_sigterm_stops_the_run_with_no_process_behind(tmp_path, stage):
     work = tmp_path / "work"
     env = child_env()
@@ -99,6 +105,8 @@ def test_sigterm_stops_the_run_with_no_process_behind(tmp_path, stage):
     try:
         if stage == "baseline":  # the unmutated copy's probe, its ranks forked or forking
             _wait_for(lambda: shares._pids_naming([str(work / "share-0" / "src")]))
+        elif stage == "pre-pass":  # the same under `coverage run`, its config in a temp dir
+            _wait_for(lambda: _coverage_runs(work / "share-0" / "src"))
         else:  # a share's `cosmic-ray exec` started
             _wait_for(lambda: (work / "share-0" / "exec.log").exists())
         time.sleep(0.5)
