@@ -195,6 +195,21 @@ def test_stage_write_accepts_what_fits(torch_device):
     assert u.gpu.cpu().tolist() == [[-(2**31), 2**31 - 1]]
 
 
+@pytest.mark.parametrize(
+    "dtype, lo, hi",
+    [
+        pytest.param(torch.int32, -(2**31), 2**31 - 1, id="int32"),
+        pytest.param(torch.int64, -(2**63), 2**63 - 1, id="int64"),
+    ],
+)
+def test_stage_write_accepts_every_value_of_an_int_dtype(torch_device, dtype, lo, hi):
+    """Both extremes of the tensor's own dtype are staged and applied exactly."""
+    t = StagedWriteTensor((1, 4), dtype, torch_device)
+    t.stage_write(0, 0, [lo, -1, 0, hi])
+    t.apply_write()
+    assert t.gpu.cpu().tolist() == [[lo, -1, 0, hi]]
+
+
 # ---------------------------------------------------------------- pools and UVA tensors
 
 
