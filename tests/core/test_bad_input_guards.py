@@ -210,6 +210,26 @@ def test_stage_write_accepts_every_value_of_an_int_dtype(torch_device, dtype, lo
     assert t.gpu.cpu().tolist() == [[lo, -1, 0, hi]]
 
 
+@pytest.mark.parametrize(
+    "dtype, values, match",
+    [
+        pytest.param(
+            torch.int32, [7, -(2**31) - 1], "row 0: -2147483649 does not fit torch.int32",
+            id="int32-low-beside-a-fit",
+        ),
+        pytest.param(
+            torch.int64, [-(2**63) - 1], "row 0: -9223372036854775809 does not fit torch.int64",
+            id="int64-below-min",
+        ),
+    ],
+)  # fmt: skip
+def test_stage_write_names_the_value_that_does_not_fit(torch_device, dtype, values, match):
+    t = StagedWriteTensor((2, 4), dtype, torch_device)
+    with pytest.raises(ValueError, match=match):
+        t.stage_write(0, 0, values)
+    assert staged(t) == ([], [], [], [])
+
+
 # ---------------------------------------------------------------- pools and UVA tensors
 
 
