@@ -195,6 +195,41 @@ def test_stage_write_accepts_what_fits(torch_device):
     assert u.gpu.cpu().tolist() == [[-(2**31), 2**31 - 1]]
 
 
+@pytest.mark.parametrize(
+    "dtype, lo, hi",
+    [
+        pytest.param(torch.int32, -(2**31), 2**31 - 1, id="int32"),
+        pytest.param(torch.int64, -(2**63), 2**63 - 1, id="int64"),
+    ],
+)
+def test_stage_write_accepts_every_value_of_an_int_dtype(torch_device, dtype, lo, hi):
+    """Both extremes of the tensor's own dtype are staged and applied exactly."""
+    t = StagedWriteTensor((1, 4), dtype, torch_device)
+    t.stage_write(0, 0, [lo, -1, 0, hi])
+    t.apply_write()
+    assert t.gpu.cpu().tolist() == [[lo, -1, 0, hi]]
+
+
+@pytest.mark.parametrize(
+    "dtype, values, match",
+    [
+        pytest.param(
+            torch.int32, [7, -(2**31) - 1], "row 0: -2147483649 does not fit torch.int32",
+            id="int32-low-beside-a-fit",
+        ),
+        pytest.param(
+            torch.int64, [-(2**63) - 1], "row 0: -9223372036854775809 does not fit torch.int64",
+            id="int64-below-min",
+        ),
+    ],
+)  # fmt: skip
+def test_stage_write_names_the_value_that_does_not_fit(torch_device, dtype, values, match):
+    t = StagedWriteTensor((2, 4), dtype, torch_device)
+    with pytest.raises(ValueError, match=match):
+        t.stage_write(0, 0, values)
+    assert staged(t) == ([], [], [], [])
+
+
 # ---------------------------------------------------------------- pools and UVA tensors
 
 
@@ -374,3 +409,26 @@ def test_layout_rebuild_refuses_tables_kernels_cannot_use(torch_device, which, m
     with pytest.raises(ValueError, match=match):
         bt.init_block_table_layout_tensors()
     assert bt.block_table_ptrs is ptrs  # nothing rebuilt
+
+
+@pytest.mark.parametrize("case", ["layout-table", "out-ptrs"])
+def test_tensors_on_another_device_are_refused(torch_device, case):
+    """A tensor on another device than the `BlockTables` (here `meta`, which every machine
+    has) is refused with the device named, whether or not that device has an index."""
+    bt = _bt_with_rows(torch_device)
+    if case == "layout-table":
+        ptrs = bt.block_table_ptrs
+        bt.input_block_tables[0] = bt.input_block_tables[0].to("meta")
+        match = rf"input_block_tables\[0\] .* on {torch_device}, got torch.int32 \(4, 8\) on meta"
+        with pytest.raises(ValueError, match=match):
+            bt.init_block_table_layout_tensors()
+        assert bt.block_table_ptrs is ptrs  # nothing rebuilt
+        return
+    out = [torch.zeros((4, w), dtype=torch.int32, device=torch_device) for w in (8, 4)]
+    ptrs = torch.zeros(2, dtype=torch.uint64, device="meta")
+    idx = torch.tensor([2, 0], dtype=torch.int32, device=torch_device)
+    with pytest.raises(
+        ValueError, match=rf"out_ptrs is on meta; the kernel runs on {torch_device}"
+    ):
+        bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
+    assert all(int(t.abs().sum()) == 0 for t in out)
