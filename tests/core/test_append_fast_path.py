@@ -64,7 +64,7 @@ def test_ids_of_every_integer_kind_are_staged_as_given():
     assert bt.num_blocks.np[:, 2].tolist() == [3, 2]
 
 
-@pytest.mark.parametrize("req_index", [True, 3, -1, 1.0, "0"])
+@pytest.mark.parametrize("req_index", [True, 3, -1, 1.0, "0", 4, 2**40])
 def test_bad_request_indices_are_refused(req_index):
     with pytest.raises(ValueError, match="req_index"):
         make().append_block_ids(req_index, ([1], [2]), False)
