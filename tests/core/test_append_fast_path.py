@@ -64,7 +64,17 @@ def test_ids_of_every_integer_kind_are_staged_as_given():
     assert bt.num_blocks.np[:, 2].tolist() == [3, 2]
 
 
-@pytest.mark.parametrize("req_index", [True, 3, -1, 1.0, "0"])
+@pytest.mark.parametrize("top", [9, INT32_MAX], ids=["small", "int32-max"])
+def test_a_numpy_array_of_ids_is_staged_as_given(top):
+    """A group's ids as a numpy array, up to the largest id an int32 table holds."""
+    bt = make()
+    bt.append_block_ids(0, ([1], np.array([5, top], dtype=np.int64)), False)
+    bt.apply_staged_writes()
+    assert bt.block_tables[1].gpu[0].tolist() == [5, top]
+    assert bt.num_blocks.np[:, 0].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("req_index", [True, 3, -1, 1.0, "0", 4, 2**40])
 def test_bad_request_indices_are_refused(req_index):
     with pytest.raises(ValueError, match="req_index"):
         make().append_block_ids(req_index, ([1], [2]), False)

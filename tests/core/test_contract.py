@@ -177,6 +177,11 @@ I64 = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
             id="float-idx",
         ),
         pytest.param(
+            lambda t: t.gather_block_tables(torch.tensor(1, dtype=torch.int32), 1),
+            r"idx_mapping must be a 1-D int32 or int64 tensor, got torch.int32 of shape \(\)",
+            id="scalar-idx",
+        ),
+        pytest.param(
             lambda t: t.gather_block_tables(I32(1), 1, num_computed_tokens=I32(1)),
             "num_computed_tokens must have at least 4",
             id="short-computed",
