@@ -60,7 +60,7 @@ class InputChecks:
                     f"append_block_ids: request {req_index}, group {g}: {unit} would end at "
                     f"{end}, past the row capacity {self.widths[g]}"
                 )
-            if ids and (min(ids) < 0 or max(ids) > self.max_block_ids[g]):
+            if len(ids) and (min(ids) < 0 or max(ids) > self.max_block_ids[g]):  # numpy too
                 raise ValueError(
                     f"append_block_ids: request {req_index}, group {g}: block ids "
                     f"must lie in [0, {self.max_block_ids[g]}]"

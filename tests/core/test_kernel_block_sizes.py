@@ -131,6 +131,25 @@ def test_capacity_error_names_the_groups_unit(ids, message):
         bt.append_block_ids(0, ids, False)
 
 
+@pytest.mark.parametrize(
+    "container",
+    [list, tuple, lambda x: np.array(x, dtype=np.int64), lambda x: np.array(x, dtype=np.int32)],
+    ids=["list", "tuple", "numpy-int64", "numpy-int32"],
+)
+def test_a_groups_ids_in_any_container_expand_and_are_range_checked(pair, container):
+    """A group's ids as a numpy array (several of them) expand like a list on the
+    kernel-block path, and an id out of range gets the documented refusal."""
+    p = pair(**cfg(block_sizes=[8, 4], max_num_blocks_per_group=[3, 3], kernel_block_sizes=[2, 4]))
+    p.bt.append_block_ids(1, (container([3, 5]), container([7, 8])), False)
+    p.ref.append_block_ids(1, ([3, 5], [7, 8]), False)
+    p.bt.apply_staged_writes()
+    for g in range(2):
+        np.testing.assert_array_equal(p.bt.block_tables[g].gpu.cpu().numpy(), p.ref.tables[g])
+    with pytest.raises(ValueError, match=r"request 2, group 1: block ids must lie in"):
+        p.bt.append_block_ids(2, (container([1]), container([4, -1])), False)
+    assert p.bt.num_blocks.np[:, 2].tolist() == [0, 0]
+
+
 def test_block_ids_whose_kernel_ids_pass_int32_are_refused(torch_device):
     bt = BlockTables(device=torch_device, **cfg())
     bt.append_block_ids(0, ([2**29 - 1],), False)  # last kernel id 2**31 - 1
