@@ -8,6 +8,11 @@ them is tested at its bounds.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import torch
@@ -254,6 +259,68 @@ def test_a_batch_larger_than_num_tokens_padded_said_is_still_mapped(torch_device
     bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 64)
     expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
+# ------------------------------------------------------------------ inputs that end at a page
+
+_AT_PAGE_END = textwrap.dedent(
+    """
+    import ctypes, mmap, sys
+    import numpy as np, torch
+    from cp_blocktables import BlockTables, BlockTablesConfig
+    from cp_blocktables.reference import ReferenceBlockTables
+
+    def at_page_end(values, dtype):
+        # `values` in the last bytes of a page whose next page cannot be read
+        buf = mmap.mmap(-1, 2 * mmap.PAGESIZE)
+        start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        assert ctypes.CDLL(None).mprotect(
+            ctypes.c_void_p(start + mmap.PAGESIZE), mmap.PAGESIZE, 0) == 0
+        size = np.dtype(dtype).itemsize * len(values)
+        a = np.frombuffer(buf, dtype, len(values), mmap.PAGESIZE - size)
+        a[:] = values
+        return torch.from_numpy(a)
+
+    config = dict(block_sizes=[16], max_num_reqs=4, max_num_batched_tokens=256,
+                  max_num_blocks_per_group=[8])
+    bt = BlockTables(device="cpu", **config)
+    ref = ReferenceBlockTables(BlockTablesConfig(**config))
+    for r in range(2):
+        ids = ([1 + 8 * r + i for i in range(8)],)
+        bt.append_block_ids(r, ids, True)
+        ref.append_block_ids(r, ids, True)
+    bt.apply_staged_writes()
+    idx, qsl, pos = [1, 0], [0, 3, 5], [7, 8, 9, 0, 1]
+    padded = int(sys.argv[1])
+    bt.compute_slot_mappings(at_page_end(idx, np.int32), at_page_end(qsl, np.int32),
+                             at_page_end(pos, np.int64), padded)
+    expected = ref.slot_mappings(np.array(idx), np.array(qsl), np.array(pos), 256)
+    np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
+    print(bt._slot_plan.layout(len(idx), padded))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("host_tile", "padded", "layout"),
+    [
+        pytest.param("16", 200, "tile", id="by-tile-small-tiles"),
+        pytest.param("65536", 200, "tile", id="by-tile-one-program"),
+        pytest.param("16", 8, "request", id="by-request-small-tiles"),
+    ],
+)
+def test_inputs_that_end_at_an_unreadable_page_are_read_within_bounds(host_tile, padded, layout):
+    """`query_start_loc`, `idx_mapping` and `positions` each end at the last bytes before an
+    unreadable page: a load one entry past any of them (a search step taken after the search
+    has converged at `num_reqs`) is a segmentation fault. In a child process, so that a crash
+    fails the test, not pytest."""
+    env = {**os.environ, _common.HOST_TILE_ENV: host_tile}
+    proc = subprocess.run(
+        [sys.executable, "-c", _AT_PAGE_END, str(padded)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
+    assert proc.stdout.split() == [layout]
 
 
 # ------------------------------------------------------------------ the host's choice
