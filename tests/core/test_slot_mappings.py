@@ -9,6 +9,7 @@ them is tested at its bounds.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,8 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+import triton
+from triton.backends import backends as triton_backends
 
 from cp_blocktables import BlockTables, BlockTablesConfig
 from cp_blocktables._jit import launch_counts
@@ -440,3 +443,48 @@ def test_a_gpus_constants_map_as_the_reference_on_cpu(layout):
     )  # fmt: skip
     expected = ref.slot_mappings(idx, qsl, pos, out_len)
     np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
+
+
+def _compiled_ttir(by_request: bool, pow2: bool, pos32: bool) -> str:
+    """The slot-mapping kernel's TTIR as Triton compiles it for a Hopper GPU (no GPU needed)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = slot_mappings._compute_slot_mappings_kernel._compiled
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update(
+        idx_mapping="*i32", query_start_loc="*i32", positions="*i64", table_ptrs="*u64",
+        group_params="*i64", out="*i64",
+    )  # fmt: skip
+    constants = dict(
+        NUM_GROUPS=2, SEARCH_STEPS=4, POS32=pos32, POW2=pow2, PAD_ID=-1, TILE=512,
+        BY_REQUEST=by_request, REQ_TILE=1024 if by_request else 1, REQ_TILES=8 if by_request else 1,
+    )  # fmt: skip
+    signature.update({name: "constexpr" for name in constants})
+    constants = {(kernel.arg_names.index(name),): v for name, v in constants.items()}
+    source = ASTSource(kernel, signature, constants)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ttir"]
+
+
+@pytest.mark.skipif(
+    "nvidia" not in triton_backends,
+    reason="this Triton has no CUDA back end to compile with",
+)
+@pytest.mark.parametrize(
+    ("by_request", "pow2", "pos32"),
+    [
+        pytest.param(False, True, True, id="by-tile-shifts-int32"),
+        pytest.param(True, False, False, id="by-request-divisions-int64"),
+    ],
+)
+def test_the_compiled_kernel_builds_and_divides_no_flags(by_request, pow2, pos32):
+    """What CUDA launches, built on CPU: the interpreter never compiles it. Both device
+    functions must be `dual_device_fn`s for it to build at all, and no integer division may
+    take a boolean operand: numpy gives `x // False == 0`, so a flag divided by a flag acts
+    as `&` in the interpreter, while LLVM folds an i1 division to its dividend (dividing by
+    zero is undefined) and drops the divisor's condition on a GPU."""
+    ttir = _compiled_ttir(by_request, pow2, pos32)
+    flag_divisions = re.findall(
+        r"arith\.(?:div|rem|floordiv|ceildiv)\w*[^\n]*:\s*(?:tensor<[^>]*x)?i1\b", ttir
+    )
+    assert flag_divisions == []
