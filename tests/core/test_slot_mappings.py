@@ -8,9 +8,17 @@ them is tested at its bounds.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 import torch
+import triton
+from triton.backends import backends as triton_backends
 
 from cp_blocktables import BlockTables, BlockTablesConfig
 from cp_blocktables._jit import launch_counts
@@ -256,6 +264,68 @@ def test_a_batch_larger_than_num_tokens_padded_said_is_still_mapped(torch_device
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
 
 
+# ------------------------------------------------------------------ inputs that end at a page
+
+_AT_PAGE_END = textwrap.dedent(
+    """
+    import ctypes, mmap, sys
+    import numpy as np, torch
+    from cp_blocktables import BlockTables, BlockTablesConfig
+    from cp_blocktables.reference import ReferenceBlockTables
+
+    def at_page_end(values, dtype):
+        # `values` in the last bytes of a page whose next page cannot be read
+        buf = mmap.mmap(-1, 2 * mmap.PAGESIZE)
+        start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+        assert ctypes.CDLL(None).mprotect(
+            ctypes.c_void_p(start + mmap.PAGESIZE), mmap.PAGESIZE, 0) == 0
+        size = np.dtype(dtype).itemsize * len(values)
+        a = np.frombuffer(buf, dtype, len(values), mmap.PAGESIZE - size)
+        a[:] = values
+        return torch.from_numpy(a)
+
+    config = dict(block_sizes=[16], max_num_reqs=4, max_num_batched_tokens=256,
+                  max_num_blocks_per_group=[8])
+    bt = BlockTables(device="cpu", **config)
+    ref = ReferenceBlockTables(BlockTablesConfig(**config))
+    for r in range(2):
+        ids = ([1 + 8 * r + i for i in range(8)],)
+        bt.append_block_ids(r, ids, True)
+        ref.append_block_ids(r, ids, True)
+    bt.apply_staged_writes()
+    idx, qsl, pos = [1, 0], [0, 3, 5], [7, 8, 9, 0, 1]
+    padded = int(sys.argv[1])
+    bt.compute_slot_mappings(at_page_end(idx, np.int32), at_page_end(qsl, np.int32),
+                             at_page_end(pos, np.int64), padded)
+    expected = ref.slot_mappings(np.array(idx), np.array(qsl), np.array(pos), 256)
+    np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
+    print(bt._slot_plan.layout(len(idx), padded))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("host_tile", "padded", "layout"),
+    [
+        pytest.param("16", 200, "tile", id="by-tile-small-tiles"),
+        pytest.param("65536", 200, "tile", id="by-tile-one-program"),
+        pytest.param("16", 8, "request", id="by-request-small-tiles"),
+    ],
+)
+def test_inputs_that_end_at_an_unreadable_page_are_read_within_bounds(host_tile, padded, layout):
+    """`query_start_loc`, `idx_mapping` and `positions` each end at the last bytes before an
+    unreadable page: a load one entry past any of them (a search step taken after the search
+    has converged at `num_reqs`) is a segmentation fault. In a child process, so that a crash
+    fails the test, not pytest."""
+    env = {**os.environ, _common.HOST_TILE_ENV: host_tile}
+    proc = subprocess.run(
+        [sys.executable, "-c", _AT_PAGE_END, str(padded)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
+    assert proc.stdout.split() == [layout]
+
+
 # ------------------------------------------------------------------ the host's choice
 
 
@@ -373,3 +443,48 @@ def test_a_gpus_constants_map_as_the_reference_on_cpu(layout):
     )  # fmt: skip
     expected = ref.slot_mappings(idx, qsl, pos, out_len)
     np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
+
+
+def _compiled_ttir(by_request: bool, pow2: bool, pos32: bool) -> str:
+    """The slot-mapping kernel's TTIR as Triton compiles it for a Hopper GPU (no GPU needed)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = slot_mappings._compute_slot_mappings_kernel._compiled
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update(
+        idx_mapping="*i32", query_start_loc="*i32", positions="*i64", table_ptrs="*u64",
+        group_params="*i64", out="*i64",
+    )  # fmt: skip
+    constants = dict(
+        NUM_GROUPS=2, SEARCH_STEPS=4, POS32=pos32, POW2=pow2, PAD_ID=-1, TILE=512,
+        BY_REQUEST=by_request, REQ_TILE=1024 if by_request else 1, REQ_TILES=8 if by_request else 1,
+    )  # fmt: skip
+    signature.update({name: "constexpr" for name in constants})
+    constants = {(kernel.arg_names.index(name),): v for name, v in constants.items()}
+    source = ASTSource(kernel, signature, constants)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ttir"]
+
+
+@pytest.mark.skipif(
+    "nvidia" not in triton_backends,
+    reason="this Triton has no CUDA back end to compile with",
+)
+@pytest.mark.parametrize(
+    ("by_request", "pow2", "pos32"),
+    [
+        pytest.param(False, True, True, id="by-tile-shifts-int32"),
+        pytest.param(True, False, False, id="by-request-divisions-int64"),
+    ],
+)
+def test_the_compiled_kernel_builds_and_divides_no_flags(by_request, pow2, pos32):
+    """What CUDA launches, built on CPU: the interpreter never compiles it. Both device
+    functions must be `dual_device_fn`s for it to build at all, and no integer division may
+    take a boolean operand: numpy gives `x // False == 0`, so a flag divided by a flag acts
+    as `&` in the interpreter, while LLVM folds an i1 division to its dividend (dividing by
+    zero is undefined) and drops the divisor's condition on a GPU."""
+    ttir = _compiled_ttir(by_request, pow2, pos32)
+    flag_divisions = re.findall(
+        r"arith\.(?:div|rem|floordiv|ceildiv)\w*[^\n]*:\s*(?:tensor<[^>]*x)?i1\b", ttir
+    )
+    assert flag_divisions == []
