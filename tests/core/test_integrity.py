@@ -82,15 +82,25 @@ def test_tokens_past_num_tokens_are_not_checked(torch_device):
     assert int(count) == 0
 
 
-def test_stale_count_is_named(torch_device):
+@pytest.mark.parametrize(
+    "ids, overwrite, published, truth",
+    [
+        pytest.param(([6], []), False, 2, 3, id="grown-by-an-append"),
+        pytest.param(([7], [8]), True, 2, 1, id="cut-short-by-an-overwrite"),
+    ],
+)
+def test_stale_count_is_named(torch_device, ids, overwrite, published, truth):
+    """Counts changed on the host after the last apply, larger or smaller: the message names
+    the group and rows (SPEC.md 8.3), also when every entry compared is still equal."""
     bt = make(torch_device)
     bt.append_block_ids(1, ([4, 5], [6]), False)
     bt.apply_staged_writes()
-    bt.append_block_ids(1, ([6], []), False)  # staged and counted on the host, never applied
+    bt.append_block_ids(1, ids, overwrite)  # staged and counted on the host, never applied
     with pytest.raises(IntegrityError) as e:
         bt.gather_block_tables(ints([1], torch_device), 1)
     assert (
-        "group 0: batch row 0 (request row 1) read num_blocks.gpu = 2 but num_blocks.np = 3"
+        f"group 0: batch row 0 (request row 1) read num_blocks.gpu = {published} "
+        f"but num_blocks.np = {truth}"
     ) in str(e.value)
     assert "stale count" in str(e.value)
     assert "group 1: batch row" not in str(e.value)
