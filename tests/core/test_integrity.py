@@ -61,6 +61,16 @@ def test_negative_slot_is_named(torch_device):
         slots(bt, [-1, 2], [0, 1, 2], [0, 5])
 
 
+def test_a_token_at_slot_0_is_not_named_as_negative(torch_device):
+    """Slot 0 (the null block's first) is no fault: beside a real fault, only that is named."""
+    d = torch_device
+    s = ints([[0, 40, 40, -5, 0]], d, torch.int64)
+    text = integrity.explain_slot_mapping_faults(s, ints([0, 5], d), ints([1], d), None, [16])
+    assert text.count("negative slot") == 1
+    assert "group 0: token 3 (batch entry 0, row 1) has negative slot -5" in text
+    assert "group 0: slot 40 is shared by token 1 (batch entry 0, row 1) and token 2" in text
+
+
 def test_null_block_slots_may_be_shared(torch_device):
     bt = make(torch_device)
     bt.redirect_writes_to_null_block = True  # a warm-up: every id becomes block 0
