@@ -21,12 +21,21 @@ def test_pool_round_robin_keeps_earlier_buffers(torch_device):
     assert b.tolist() == [3, 4, 5]
 
 
-def test_pool_grows_to_next_power_of_two(torch_device):
-    pool = UvaBufferPool((2, 3), torch.int64, max_concurrency=1, device=torch_device)
-    v = pool.copy_to_uva(np.arange(15).reshape(5, 3))
-    assert v.shape == (5, 3)
-    assert pool._buffers[0].cpu.shape == (8, 3)
-    np.testing.assert_array_equal(v.cpu().numpy(), np.arange(15).reshape(5, 3))
+@pytest.mark.parametrize(
+    "size, rows, grown",
+    [
+        pytest.param((2, 3), 5, (8, 3), id="rows-past-every-dimension"),
+        pytest.param((2, 4), 3, (4, 4), id="rows-past-the-first-dimension-only"),
+    ],
+)
+def test_pool_grows_to_next_power_of_two(torch_device, size, rows, grown):
+    """SPEC.md 4: a buffer asked for more rows grows its first dimension, whatever the rest."""
+    pool = UvaBufferPool(size, torch.int64, max_concurrency=1, device=torch_device)
+    x = np.arange(rows * size[1]).reshape(rows, size[1])
+    v = pool.copy_to_uva(x)
+    assert v.shape == x.shape
+    assert pool._buffers[0].cpu.shape == grown
+    np.testing.assert_array_equal(v.cpu().numpy(), x)
 
 
 def test_pool_copy_to_gpu_is_a_device_copy(torch_device):
