@@ -21,12 +21,74 @@ def test_pool_round_robin_keeps_earlier_buffers(torch_device):
     assert b.tolist() == [3, 4, 5]
 
 
-def test_pool_grows_to_next_power_of_two(torch_device):
-    pool = UvaBufferPool((2, 3), torch.int64, max_concurrency=1, device=torch_device)
-    v = pool.copy_to_uva(np.arange(15).reshape(5, 3))
-    assert v.shape == (5, 3)
-    assert pool._buffers[0].cpu.shape == (8, 3)
-    np.testing.assert_array_equal(v.cpu().numpy(), np.arange(15).reshape(5, 3))
+@pytest.mark.parametrize(
+    "size, rows, grown",
+    [
+        pytest.param((2, 3), 5, (8, 3), id="rows-past-every-dimension"),
+        pytest.param((2, 4), 3, (4, 4), id="rows-past-the-first-dimension-only"),
+    ],
+)
+def test_pool_grows_to_next_power_of_two(torch_device, size, rows, grown):
+    """SPEC.md 4: a buffer asked for more rows grows its first dimension, whatever the rest."""
+    pool = UvaBufferPool(size, torch.int64, max_concurrency=1, device=torch_device)
+    x = np.arange(rows * size[1]).reshape(rows, size[1])
+    v = pool.copy_to_uva(x)
+    assert v.shape == x.shape
+    assert pool._buffers[0].cpu.shape == grown
+    np.testing.assert_array_equal(v.cpu().numpy(), x)
+
+
+class _StandInEvent:
+    """`torch.cuda.Event` on the host: `done` says whether the work it marks has run."""
+
+    def __init__(self, log: list) -> None:
+        self.log, self.done = log, False
+
+    def record(self, stream: object) -> None:
+        self.log.append(("record", self))
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.log.append(("synchronize", self))
+        self.done = True
+
+
+@pytest.fixture
+def stand_in_events(monkeypatch) -> list:
+    """CUDA events and streams replaced by host stand-ins; returns their log."""
+    log: list = []
+    monkeypatch.setattr(torch.cuda, "Event", lambda: _StandInEvent(log))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    return log
+
+
+@pytest.mark.parametrize(
+    "readers_done, waits",
+    [
+        pytest.param(False, True, id="readers-pending-waits"),
+        pytest.param(True, False, id="readers-done-goes-on"),
+    ],
+)
+def test_pool_reuses_a_buffer_only_after_its_readers(stand_in_events, readers_done, waits):
+    """The CUDA path's bookkeeping, run on the host with stand-in events (the GPU test is
+    `test_cuda.py::test_a_buffer_is_never_reused_while_the_device_may_read_it`): handing
+    out the next buffer marks where the last one's readers end, and reusing a buffer
+    waits for that mark unless it has passed (SPEC.md 4)."""
+    pool = UvaBufferPool(4, torch.int32, max_concurrency=2, device="cpu")
+    pool._on_cuda = True
+    first = pool.copy_to_uva([1])  # no buffer was handed out before: nothing to mark
+    assert stand_in_events == []
+    pool.copy_to_uva([2])
+    ((what, mark),) = stand_in_events  # the first buffer's readers end here
+    assert what == "record"
+    mark.done = readers_done
+    third = pool.copy_to_uva([3])
+    assert third.data_ptr() == first.data_ptr()
+    waited = [event for what, event in stand_in_events if what == "synchronize"]
+    assert waited == ([mark] if waits else [])
 
 
 def test_pool_copy_to_gpu_is_a_device_copy(torch_device):

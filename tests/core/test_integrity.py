@@ -61,6 +61,16 @@ def test_negative_slot_is_named(torch_device):
         slots(bt, [-1, 2], [0, 1, 2], [0, 5])
 
 
+def test_a_token_at_slot_0_is_not_named_as_negative(torch_device):
+    """Slot 0 (the null block's first) is no fault: beside a real fault, only that is named."""
+    d = torch_device
+    s = ints([[0, 40, 40, -5, 0]], d, torch.int64)
+    text = integrity.explain_slot_mapping_faults(s, ints([0, 5], d), ints([1], d), None, [16])
+    assert text.count("negative slot") == 1
+    assert "group 0: token 3 (batch entry 0, row 1) has negative slot -5" in text
+    assert "group 0: slot 40 is shared by token 1 (batch entry 0, row 1) and token 2" in text
+
+
 def test_null_block_slots_may_be_shared(torch_device):
     bt = make(torch_device)
     bt.redirect_writes_to_null_block = True  # a warm-up: every id becomes block 0
@@ -82,15 +92,25 @@ def test_tokens_past_num_tokens_are_not_checked(torch_device):
     assert int(count) == 0
 
 
-def test_stale_count_is_named(torch_device):
+@pytest.mark.parametrize(
+    "ids, overwrite, published, truth",
+    [
+        pytest.param(([6], []), False, 2, 3, id="grown-by-an-append"),
+        pytest.param(([7], [8]), True, 2, 1, id="cut-short-by-an-overwrite"),
+    ],
+)
+def test_stale_count_is_named(torch_device, ids, overwrite, published, truth):
+    """Counts changed on the host after the last apply, larger or smaller: the message names
+    the group and rows (SPEC.md 8.3), also when every entry compared is still equal."""
     bt = make(torch_device)
     bt.append_block_ids(1, ([4, 5], [6]), False)
     bt.apply_staged_writes()
-    bt.append_block_ids(1, ([6], []), False)  # staged and counted on the host, never applied
+    bt.append_block_ids(1, ids, overwrite)  # staged and counted on the host, never applied
     with pytest.raises(IntegrityError) as e:
         bt.gather_block_tables(ints([1], torch_device), 1)
     assert (
-        "group 0: batch row 0 (request row 1) read num_blocks.gpu = 2 but num_blocks.np = 3"
+        f"group 0: batch row 0 (request row 1) read num_blocks.gpu = {published} "
+        f"but num_blocks.np = {truth}"
     ) in str(e.value)
     assert "stale count" in str(e.value)
     assert "group 1: batch row" not in str(e.value)
