@@ -129,7 +129,12 @@ def run_probes(
 
 
 def _names_group(message: str, group: int) -> bool:
-    return re.search(rf"(?<![0-9]){group}(?![0-9])", message) is not None
+    return _names_number(message, str(group))
+
+
+def _names_number(message: str, number: str) -> bool:
+    """Whether `message` holds `number` as a whole number (slot 12 is not in "123")."""
+    return re.search(rf"(?<![0-9]){re.escape(number)}(?![0-9])", message) is not None
 
 
 def probe_construction(
@@ -230,7 +235,7 @@ def _expect_error(
         try:
             call()
         except RuntimeError as e:
-            if not names or any(n in str(e) for n in names):
+            if not names or any(_names_number(str(e), n) for n in names):
                 return []
             actual = f"RuntimeError: {e}"
         except ValueError as e:
@@ -298,35 +303,38 @@ def probe_integrity(
                 found += _expect_error(what, setup, cp_rank, shared_slots)
     stale = {"grown by an append": False, "cut short by an overwrite": True}
     two_fit = all(w >= 2 * m for w, m in zip(ref.rules.width, ref.rules.m))
+    row = ref.rules.max_num_reqs - 1  # gathered into batch row 0: the message names one of them
+    rows = (str(row), "0")
     for (change, overwrite), how in itertools.product(stale.items(), methods if two_fit else ()):
 
         def setup(how=how, overwrite=overwrite):
             first = [_SHARED_ID, _FRESH_ID] if overwrite else [_SHARED_ID]
-            impl = _filled(factory, args, kwargs, [first] * n, rows=(0,))
-            impl.append_block_ids(0, tuple([_FRESH_ID] for _ in range(n)), overwrite)  # not applied
-            idx = _i32([0], device)
+            impl = _filled(factory, args, kwargs, [first] * n, rows=(row,))
+            impl.append_block_ids(row, tuple([_FRESH_ID] for _ in range(n)), overwrite)  # no apply
+            idx = _i32([row], device)
             if how == "gather_block_tables":
                 return lambda: impl.gather_block_tables(idx, 1)
             q, pos = _i32([0, 1], device), _i64([0], device)
             return lambda: impl.gather_and_compute_slot_mappings(idx, 1, q, pos, 1)
 
-        what = f"{how} of a row {change} after the last apply_staged_writes (a stale count)"
-        found += _expect_error(what, setup, cp_rank)
+        what = f"{how} of row {row} {change} after the last apply_staged_writes (a stale count)"
+        found += _expect_error(what, setup, cp_rank, rows)
     if n >= 2:
-        found += _expect_error(
-            "gather_block_tables into one out tensor given for every group (a gathered row "
-            "that differs from its source, counts all published)",
-            lambda: _aliased_gather(factory, args, kwargs, ref),
+        found += _expect_error(  # row 0: a check comparing the sources with themselves is blind
+            "gather_block_tables of row 0 into one out tensor given for every group (a gathered "
+            "row that differs from its source, counts all published)",
+            lambda: _aliased_gather(factory, args, kwargs, ref, 0),
             cp_rank,
+            ("0",),
             refusal_ok=True,
         )
     return found
 
 
 def _aliased_gather(
-    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables
+    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, row: int
 ) -> Callable[[], object]:
-    """Row 0 holds a different block in every group, applied; the gather's `out` names one
+    """`row` holds a different block in every group, applied; the gather's `out` names one
     tensor for all groups, so one group's copy overwrites another's: a gathered row differs
     from its source while every count is published. Only the entry comparison of SPEC.md 8.3
     sees it (a refusal of the aliased `out` up front is fine too)."""
@@ -338,9 +346,9 @@ def _aliased_gather(
             b += 1
         first.add(b * m)
         ids.append([b])
-    impl = _filled(factory, args, kwargs, ids, rows=(0,))
+    impl = _filled(factory, args, kwargs, ids, rows=(row,))
     shared = torch.zeros((1, max(rules.width)), dtype=torch.int32, device=device)
-    idx = _i32([0], device)
+    idx = _i32([row], device)
     return lambda: impl.gather_block_tables(idx, 1, out=[shared] * rules.num_groups)
 
 

@@ -195,6 +195,26 @@ def test_a_gather_check_that_misses_a_wrong_row_is_check_10(preset):
     assert "one out tensor given for every group" in found[0].what
 
 
+class _VagueGatherIntegrity(BlockTables):
+    """Raises on every faulty gather, but the message names no row (nor group)."""
+
+    def _check_gathered(self, *args, **kwargs):
+        try:
+            super()._check_gathered(*args, **kwargs)
+        except RuntimeError:
+            raise RuntimeError("integrity check failed") from None
+
+
+def test_gather_integrity_errors_must_name_the_row():
+    """SPEC.md 8.3: a violation names the rows. The stale-count probes gather the last row
+    into batch row 0, the aliased gather row 0; a message naming no row fails each."""
+    found = _findings(_VagueGatherIntegrity, "mutation-cp1", ranks=[0])
+    assert found and all(v.check == 10 for v in found), [v.describe() for v in found]
+    assert all(v.actual == "RuntimeError: integrity check failed" for v in found)
+    kinds = {"stale count" in v.what for v in found}
+    assert kinds == {True, False} and any("one out tensor" in v.what for v in found)
+
+
 class _IgnoresTheEnvironment(BlockTables):
     """Turns integrity checks on by the keyword only, not by CPBT_INTEGRITY_CHECKS=1."""
 
