@@ -76,6 +76,19 @@ CASES = [
         padded=50,
         pow2=False,
     ),
+    _case(  # no size is a power of two, not even a CP size of 1: the division path
+        "cp3-i3-no-power-of-two",
+        _config(
+            block_sizes=[12, 6],
+            max_num_blocks_per_group=[24, 48],
+            cp_size=3,
+            cp_rank=1,
+            cp_interleave=3,
+        ),
+        [(1, 300, 20), (-1, 0, 2), (4, 50, 9), (0, 860, 4), (6, 0, 1)],
+        padded=40,
+        pow2=False,
+    ),
     _case(
         "cp2-positions-past-2**31",
         _config(block_sizes=[2**20], max_num_blocks_per_group=[2100], cp_size=2, cp_rank=1),
