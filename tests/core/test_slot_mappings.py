@@ -269,6 +269,22 @@ def test_a_batch_larger_than_num_tokens_padded_said_is_still_mapped(torch_device
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
 
 
+def test_a_short_step_in_a_buffer_past_a_request_programs_reach_pads_every_entry(torch_device):
+    """A buffer longer than SMALL_BATCH_TOKENS (9,100 tokens) and a step of two short requests:
+    the host maps it by request, and its tail programs pad every entry past the batch up to
+    the buffer's end (SPEC.md 3), although on CPU the tile layout's tile, the whole buffer,
+    passes a request program's reach."""
+    requests = [(1, 9, 3), (2, 5, 1)]
+    bt, ref = _build(torch_device, REACH_CONFIG, requests, 3)
+    idx, qsl, pos = _batch(requests, 1)
+    assert bt._slot_plan.layout(len(idx), 16) == "request"
+    bt.slot_mappings.fill_(GARBAGE)
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 16)
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
 # ------------------------------------------------------------------ the host's choice
 
 
