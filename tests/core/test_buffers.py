@@ -200,6 +200,30 @@ def test_many_writes_grow_buffers(torch_device):
     np.testing.assert_array_equal(got[3, 10:510], np.arange(500))
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+def test_the_interpreted_apply_divides_by_no_zero(fused):
+    """The interpreter runs a kernel's integer operations in numpy, which warns where one
+    divides by zero and goes on with 0; compiled for a GPU, the same operation is undefined
+    (LLVM may take any value). So on CPU the warning is the one sign of a division that a GPU
+    would get wrong. Five writes, so that the binary search over them takes both branches."""
+    tensors = [StagedWriteTensor((4, 8), torch.int32, "cpu") for _ in range(2)]
+    writes = [(0, 1, [1, 2, 3]), (2, 0, [4]), (3, 5, [5, 6, 7]), (1, 2, [8, 9]), (2, 4, [10])]
+    expected = np.zeros((4, 8), dtype=np.int32)
+    for row, start, values in writes:
+        tensors[-1].stage_write(row, start, values)
+        expected[row, start : start + len(values)] = values
+    if fused:
+        tensors[0].stage_write(1, 7, [11])
+        ptrs = torch.tensor([t.gpu.data_ptr() for t in tensors], dtype=torch.uint64)
+        strides = torch.tensor([t.gpu.stride(0) for t in tensors], dtype=torch.int64)
+        FusedStagedWriter("cpu", max_writes=6).apply(tensors, ptrs, strides)
+        assert tensors[0].gpu[1].tolist() == [0] * 7 + [11]
+    else:
+        tensors[-1].apply_write()
+    np.testing.assert_array_equal(tensors[-1].gpu.numpy(), expected)
+
+
 def test_fused_writer_one_launch_for_all_tensors(torch_device):
     tensors = [StagedWriteTensor((3, w), torch.int32, torch_device) for w in (2, 4, 8)]
     ptrs = torch.tensor(

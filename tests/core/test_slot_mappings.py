@@ -84,6 +84,19 @@ CASES = [
         padded=50,
         pow2=False,
     ),
+    _case(  # no size is a power of two, not even a CP size of 1: the division path
+        "cp3-i3-no-power-of-two",
+        _config(
+            block_sizes=[12, 6],
+            max_num_blocks_per_group=[24, 48],
+            cp_size=3,
+            cp_rank=1,
+            cp_interleave=3,
+        ),
+        [(1, 300, 20), (-1, 0, 2), (4, 50, 9), (0, 860, 4), (6, 0, 1)],
+        padded=40,
+        pow2=False,
+    ),
     _case(
         "cp2-positions-past-2**31",
         _config(block_sizes=[2**20], max_num_blocks_per_group=[2100], cp_size=2, cp_rank=1),
@@ -260,6 +273,22 @@ def test_a_batch_larger_than_num_tokens_padded_said_is_still_mapped(torch_device
     bt.slot_mappings.fill_(GARBAGE)
     t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
     bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 64)
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
+def test_a_short_step_in_a_buffer_past_a_request_programs_reach_pads_every_entry(torch_device):
+    """A buffer longer than SMALL_BATCH_TOKENS (9,100 tokens) and a step of two short requests:
+    the host maps it by request, and its tail programs pad every entry past the batch up to
+    the buffer's end (SPEC.md 3), although on CPU the tile layout's tile, the whole buffer,
+    passes a request program's reach."""
+    requests = [(1, 9, 3), (2, 5, 1)]
+    bt, ref = _build(torch_device, REACH_CONFIG, requests, 3)
+    idx, qsl, pos = _batch(requests, 1)
+    assert bt._slot_plan.layout(len(idx), 16) == "request"
+    bt.slot_mappings.fill_(GARBAGE)
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 16)
     expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
 
