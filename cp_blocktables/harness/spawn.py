@@ -130,12 +130,32 @@ def _wait(procs: list, timeout: float) -> int:
         time.sleep(0.05)
     for r, c in enumerate(codes):
         if c not in (0, 1, 2):
-            why = f"signal {-c}" if c is not None and c < 0 else f"exit code {c}"
-            print(f"cp-blocktables: rank {r} ended abnormally ({why})", file=sys.stderr, flush=True)
+            print(
+                f"cp-blocktables: rank {r} ended abnormally ({_why(c)})",
+                file=sys.stderr,
+                flush=True,
+            )
     if codes[0] in (0, 1, 2) and all(c in (0, 1, 2) for c in codes):
         worst = max(codes)
         return codes[0] if codes[0] == worst else 1
     return 1
+
+
+def _why(code: int | None) -> str:
+    """A rank's exit code in words; a segmentation fault names its likely cause here."""
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "unknown"
+    why = f"signal {-code}, {name}"
+    if -code in (signal.SIGSEGV, signal.SIGBUS):
+        why += (
+            ": an access to unmapped memory; on the CPU every input the harness hands over "
+            "ends at an unreadable page, so it may be a read past an input's end"
+        )
+    return why
 
 
 def _reap(procs: list) -> None:
