@@ -16,8 +16,9 @@ the independent reference. Modules, in the order a run meets them:
 * the workload: `workload` (the steps and their loop), `lifecycle` (requests,
   blocks, appends), `batch_shape` (a step's batch), `corner_counts`;
 * one rank: `runner` drives it; `executor` runs one step, with
-  `executor_paths` (optional arguments, profiling writes) and
-  `executor_checks` (what one rank can check alone);
+  `executor_paths` (optional arguments, profiling writes),
+  `executor_checks` (what one rank can check alone) and `guarded` (inputs
+  that end at an unreadable page on the CPU, so a read past one faults);
 * the checks: `checks` (per CP group) with `checks_slots`, `checks_tables`,
   `checks_kv`, and `violations`;
 * the verdict: `report` with `report_formats` (table, JSON, JUnit) and

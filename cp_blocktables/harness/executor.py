@@ -23,6 +23,7 @@ from .executor_paths import (  # noqa: F401 - the sentinels and profile_junk are
     _ArgumentPaths,
     profile_junk,
 )
+from .guarded import GuardedPool
 from .violations import Violation
 from .workload import Step
 
@@ -49,6 +50,7 @@ class _Executor(_ArgumentPaths, _RankChecks):
         self.fused = callable(getattr(impl, "gather_and_compute_slot_mappings", None))
         self._aux_slots: torch.Tensor | None = None
         self._aux_tables: list[torch.Tensor] | None = None
+        self.guard = GuardedPool(device)  # inputs end at an unreadable page (CPU)
 
     def check_buffers(self) -> list[Violation]:
         """The persistent buffers' shapes: everything else relies on them."""
@@ -85,7 +87,9 @@ class _Executor(_ArgumentPaths, _RankChecks):
 
         The flat outputs are the persistent slot mappings and tables, then the
         caller-owned buffers of this step (sentinel-filled when unused).
+        The previous step's inputs are released here: its results are checked.
         """
+        self.guard.release()
         self._aux_slots = None
         self._aux_tables = None
         found = self._dummy(step) if step.kind == "dummy" else self._real(step)
@@ -107,14 +111,16 @@ class _Executor(_ArgumentPaths, _RankChecks):
             if step.kind == "warmup":
                 impl.redirect_writes_to_null_block = False
         impl.apply_staged_writes()
-        idx = torch.from_numpy(step.idx_mapping).to(dev)
+        # Every index tensor handed over is a guarded copy: a read past its end faults.
+        guard = self.guard.copy
+        idx = guard(torch.from_numpy(step.idx_mapping).to(dev))
         nct = (
             None
             if step.num_computed_tokens is None
-            else torch.from_numpy(step.num_computed_tokens).to(dev)
+            else guard(torch.from_numpy(step.num_computed_tokens).to(dev))
         )
-        qsl = torch.from_numpy(step.query_start_loc).to(dev)
-        pos = torch.from_numpy(step.positions).to(dev)
+        qsl = guard(torch.from_numpy(step.query_start_loc).to(dev))
+        pos = guard(torch.from_numpy(step.positions).to(dev))
         nrp, ntp = step.num_reqs_padded, step.num_tokens_padded
         if step.fused_read and self.fused:
             return found + self._fused(step, idx, qsl, pos, nct)
@@ -122,7 +128,8 @@ class _Executor(_ArgumentPaths, _RankChecks):
         if step.gather_out:
             out = self._aux_tables = self._sentinel_tables()
             if step.gather_out == 2:
-                out_ptrs = torch.tensor([t.data_ptr() for t in out], dtype=torch.uint64, device=dev)
+                ptrs = [t.data_ptr() for t in out]
+                out_ptrs = guard(torch.tensor(ptrs, dtype=torch.uint64, device=dev))
         if out is None:
             tables = impl.gather_block_tables(idx, nrp, num_computed_tokens=nct)
         else:

@@ -33,6 +33,7 @@ import torch
 
 from ..reference import ReferenceBlockTables
 from .features import Accepts
+from .guarded import guard
 from .violations import Violation
 
 CONSTRUCTION = 9
@@ -250,11 +251,12 @@ def _expect_error(
 
 
 def _i32(values, device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int32, device=device)
+    """An input for the implementation: on the CPU it ends at an unreadable page (`guarded`)."""
+    return guard(torch.tensor(values, dtype=torch.int32, device=device))
 
 
 def _i64(values, device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)
+    return guard(torch.tensor(values, dtype=torch.int64, device=device))
 
 
 def probe_integrity(

@@ -18,6 +18,7 @@ code; rank 0 writes the report.
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import hashlib
 import json
 import resource
@@ -329,6 +330,8 @@ class _PresetRun:
 def run_rank(opts: VerifyOptions) -> int:
     """Join the process group, run every preset for every implementation, agree on the verdict."""
     t0 = time.monotonic()
+    if not faulthandler.is_enabled():  # a crash (a read past an input's end) shows where
+        faulthandler.enable()
     env = RankEnv.from_environ()
     if env is None:
         print("cp-blocktables: no torchrun environment (RANK, WORLD_SIZE)", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
 import multiprocessing
 import os
 import signal
@@ -67,6 +68,7 @@ def spawn_local(
 
 def _child(rank: int, world_size: int, port_pipe, rank_main: Callable[[], int]) -> None:
     _die_with_parent()
+    faulthandler.enable()  # a crash prints the line it happened on (see `_wait`)
     port = port_pipe.recv()
     os.environ.update(
         {
@@ -100,14 +102,20 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+_FATAL = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT}
+"""Signals after which faulthandler (enabled on every rank) has printed where the rank was."""
+
+
 def _wait(procs: list, timeout: float) -> int:
     """Wait for every rank; once one failed, give the rest a grace period, then kill them.
 
     A rank that failed cleanly (exit 1 or 2) has printed its diagnosis, and
-    the peers it waited on are hung: 5 s. A rank that crashed has not, and its
-    peers need up to the collective timeout to notice and say so.
+    the peers it waited on are hung: 5 s. So has a rank that a fatal signal
+    ended (faulthandler printed the line it crashed on, and the spawner names
+    the signal): 5 s. Any other crash has not, and its peers need up to the
+    collective timeout to notice and say so. Ranks killed here are named once.
     """
-    failed_at, grace = None, 0.0
+    failed_at, grace, alive = None, 0.0, []
     while True:
         codes = [p.exitcode for p in procs]
         if all(c is not None for c in codes):
@@ -115,7 +123,7 @@ def _wait(procs: list, timeout: float) -> int:
         bad = [c for c in codes if c not in (None, 0)]
         if bad and failed_at is None:
             failed_at = time.monotonic()
-            grace = 5.0 if all(c in (1, 2) for c in bad) else timeout + 5.0
+            grace = 5.0 if all(c in (1, 2) or -c in _FATAL for c in bad) else timeout + 5.0
         if failed_at is not None and time.monotonic() - failed_at > grace:
             alive = [r for r, c in enumerate(codes) if c is None]
             print(
@@ -129,13 +137,33 @@ def _wait(procs: list, timeout: float) -> int:
             break
         time.sleep(0.05)
     for r, c in enumerate(codes):
-        if c not in (0, 1, 2):
-            why = f"signal {-c}" if c is not None and c < 0 else f"exit code {c}"
-            print(f"cp-blocktables: rank {r} ended abnormally ({why})", file=sys.stderr, flush=True)
+        if c not in (0, 1, 2) and r not in alive:
+            print(
+                f"cp-blocktables: rank {r} ended abnormally ({_why(c)})",
+                file=sys.stderr,
+                flush=True,
+            )
     if codes[0] in (0, 1, 2) and all(c in (0, 1, 2) for c in codes):
         worst = max(codes)
         return codes[0] if codes[0] == worst else 1
     return 1
+
+
+def _why(code: int | None) -> str:
+    """A rank's exit code in words; a segmentation fault names its likely cause here."""
+    if code is None or code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "unknown"
+    why = f"signal {-code}, {name}"
+    if -code in (signal.SIGSEGV, signal.SIGBUS):
+        why += (
+            ": an access to unmapped memory; on the CPU every input the harness hands over "
+            "ends at an unreadable page, so it may be a read past an input's end"
+        )
+    return why
 
 
 def _reap(procs: list) -> None:

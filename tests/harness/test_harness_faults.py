@@ -98,8 +98,9 @@ def test_rank_that_never_reaches_the_collective_is_named_within_the_timeout(back
         ("HangsOnRankOne", "never reached by rank 1"),
         ("DiesOnRankOne", "rank 1 ended abnormally (exit code 3)"),
         ("RaisesOnRankOne", "injected failure on cp_rank 1"),
+        ("SegfaultsOnRankOne", "rank 1 ended abnormally (signal 11, SIGSEGV"),
     ],
-    ids=["hang", "death", "exception"],
+    ids=["hang", "death", "exception", "segfault"],
 )
 def test_spawned_faults_end_the_run_and_leave_no_process(impl, expect):
     env = child_env()
