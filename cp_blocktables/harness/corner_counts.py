@@ -5,9 +5,10 @@
 garbage in the positions' tail, shuffled rows) and, per scheduled request,
 those of the configuration and the traffic
 (interleave against block size, mixed groups, windows at their boundary,
-wide rows, slots past 2**31). A mixin of the workload generator
-(`workload._Generator`); the life cycle (`lifecycle`) and the batch shape
-(`batch_shape`) count the corners they reach themselves.
+wide rows, slots past 2**31, tokens mapped through a table that spans 2**31
+positions). A mixin of the workload generator (`workload._Generator`); the
+life cycle (`lifecycle`) and the batch shape (`batch_shape`) count the
+corners they reach themselves.
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ class _CornerCounts:
         cfg, c, p = self.cfg, self.corners, self.p
         kernel = cfg.kernel_block_sizes
         m = [p.kernel_factor(g) for g in range(self.num_groups)]
+        # Positions a table row covers, as the kernels' layout computes it (columns in
+        # kernel blocks times the kernel block size times the group's CP size). Once one
+        # table spans 2**31, the slot mapping computes positions in int64 (`POS32` false):
+        # `span_past_2_31` counts the tokens it maps in such a table's own group.
+        spans = [
+            cfg.table_width(g) * kernel[g] * cfg.group_cp_size(g) for g in range(self.num_groups)
+        ]
         if cfg.cp_size > 1:
             for g in range(self.num_groups):
                 if cfg.dcp_sharded[g]:
@@ -86,6 +94,7 @@ class _CornerCounts:
                     c["window_boundary"] += 1
                 c["wide_row"] += len(req.blocks[g]) * m[g] > 2048
                 if cfg.slot_mapping_enabled[g]:
+                    c["span_past_2_31"] += n if spans[g] >= 2**31 else 0
                     cols = np.arange(req.nct, req.nct + n) // self.virtual[g]
                     blocks = np.asarray(req.blocks[g], dtype=np.int64)[cols]
                     c["slot_past_2_31"] += int((blocks * cfg.block_sizes[g] >= 2**31).sum())

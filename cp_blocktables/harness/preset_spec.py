@@ -52,6 +52,7 @@ CORNERS = (
     "giant_request_step",
     "giant_shrink",
     "wide_row",
+    "span_past_2_31",
     "full_batch",
     "full_step",
     "writes_past_max_reqs",

@@ -38,6 +38,7 @@ SWEEP: tuple[str, ...] = (
     "default",
     "cp4-interleave",
     "cp8-large-ids",
+    "cp8-span-2-31",
     "large-steps",
     "kbs-cp1",
     "kbs-cp4",

@@ -109,6 +109,13 @@ def test_correct_outputs_pass_on_the_device_alone(name):
     assert dev.tokens_checked > 0 or name == "groups-0"
 
 
+def test_tables_spanning_2_31_positions_pass_on_the_device_alone():
+    """Blocks of 2**18 tokens and more: slots past 2**31, tables spanning 2**31 positions."""
+    host, dev = _both("cp8-span-2-31", 6)
+    _assert_same(host, dev)
+    assert host.violations == [] and dev.dev.fallbacks == 0 and dev.tokens_checked > 0
+
+
 def test_forgetting_the_persistent_buffers_mid_run_keeps_both_paths_alike():
     host, dev = _both("default", 16, _padding_row, forget_at=7)
     assert host.violations

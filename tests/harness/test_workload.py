@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
+import torch
 
+from cp_blocktables import BlockTables
 from cp_blocktables.contract import INT32_MAX, NULL_BLOCK_ID
 from cp_blocktables.harness import presets
+from cp_blocktables.harness.preset_extras import MUTATION_PRESETS
+from cp_blocktables.harness.preset_spec import GroupSpec
 from cp_blocktables.harness.workload import _Generator, generate
 
 PRESET_NAMES = list(presets.PRESETS)
@@ -160,6 +165,63 @@ def test_large_id_presets_pass_2_31():
         biggest = p.block_id_base * min(p.block_sizes)
         assert biggest >= 2**31, name
         assert generate(p, 0).corners["slot_past_2_31"] > 0
+
+
+def _int32_positions(preset: presets.Preset) -> bool:
+    """Whether the project's slot mapping computes `preset`'s positions in int32 (`POS32`)."""
+    cfg = preset.config(0)
+    kwargs = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
+    bt = BlockTables(device=torch.device("cpu"), **kwargs)
+    return bt._slot_plan.pick.__self__.tile_meta["POS32"]
+
+
+@pytest.mark.parametrize("name", [*presets.SWEEP, *(p.name for p in MUTATION_PRESETS)])
+def test_span_corner_is_counted_where_the_kernels_leave_int32_positions(name):
+    """`span_past_2_31` is counted, and promised, exactly by the presets whose tables make
+    the slot mapping compute positions in int64 (the sweep has one: it promises every
+    corner)."""
+    p = presets.PRESETS[name]
+    int64 = not _int32_positions(p)
+    assert (generate(p, 0).corners["span_past_2_31"] > 0) == int64
+    assert ("span_past_2_31" in p.corners) == int64
+
+
+_NEAR = 2**31 - 2**20  # a max_model_len whose tables of 2**20-token blocks stop short of 2**31
+# (id, cp size, groups, max_model_len, groups whose own table spans >= 2**31, POS32)
+SPAN_CASES = [
+    ("cp-factor-makes-it", 2, (GroupSpec(2**20),), 2**31, 1, False),
+    ("kernel-blocks", 1, (GroupSpec(2**21, kernel_block_size=2**19),), 2**31, 1, False),
+    ("just-short", 1, (GroupSpec(2**20),), _NEAR, 0, True),
+    ("one-wide-one-short", 1, (GroupSpec(2**21), GroupSpec(2**20)), _NEAR, 1, False),
+    ("two-wide", 2, (GroupSpec(2**20), GroupSpec(2**21, sharded=False)), 2**31, 2, False),
+    # The kernels take the int64 path, but no token is mapped through the wide table.
+    ("wide-disabled", 1, (GroupSpec(2**21, enabled=False), GroupSpec(2**20)), _NEAR, 0, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("cp", "groups", "model_len", "wide", "pos32"),
+    [c[1:] for c in SPAN_CASES],
+    ids=[c[0] for c in SPAN_CASES],
+)
+def test_span_corner_counts_each_token_mapped_in_a_table_spanning_2_31(
+    cp, groups, model_len, wide, pos32
+):
+    """A table's span is counted as the kernels' layout computes it: columns in kernel
+    blocks, times the kernel block size, times the group's CP size."""
+    p = dataclasses.replace(
+        presets.PRESETS["cp8-span-2-31"],
+        groups=groups,
+        cp_size=cp,
+        max_model_len=model_len,
+        num_steps=6,
+        corners=frozenset(),
+    )
+    p.validate()
+    assert _int32_positions(p) == pos32
+    w = generate(p, 0)
+    assert w.num_real_tokens > 0
+    assert w.corners["span_past_2_31"] == wide * w.num_real_tokens
 
 
 def test_bench_preset_fills_64k_tokens_per_step():
