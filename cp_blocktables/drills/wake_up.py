@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..harness.sleep import moved, simulate_sleep, survivors
 from .era import Era
 from .executor import Phase, ServingExecutor
 from .report import describe_finding, finding
-from .sleep import moved, simulate_sleep, survivors
 
 WAKE_UP = "init_block_table_layout_tensors"
 UNSUPPORTED = f"not supported by this implementation: it has no {WAKE_UP}()"

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import checks, presets, probes, report
+from . import checks, presets, probes, report, wake_probe
 from .checks import GroupChecker, Violation
 from .device_checks import split_on_device, use_device_checks
 from .dist import Comm, PeerError, RankEnv, arm_watchdog, choose_backend, disarm_watchdog
@@ -198,9 +198,21 @@ class _PresetRun:
             self.impl_cls, cfg, self.comm.device, kwargs, self.accepts, self.cp_rank,
             fused=not missing_methods(impl),
         )  # fmt: skip
+        if self.cp_index == 0:  # every CP rank of the preset's config; the other groups repeat it
+            woke, skipped = wake_probe.probe_wake_up(
+                self.impl_cls, self._probe_args(cfg), kwargs, self.cp_rank,
+                fused=not missing_methods(impl), seed=(self.seed,),
+            )  # fmt: skip
+            found += woke
+            if skipped is not None:
+                self.unsupported.append(skipped)
         for v in found:
             v.rank = self.cp_rank
         return impl, (None if found else executor), found
+
+    def _probe_args(self, cfg) -> list:
+        return [cfg.block_sizes, cfg.max_num_reqs, cfg.max_num_batched_tokens,
+                cfg.max_num_blocks_per_group, self.comm.device]  # fmt: skip
 
     def _start_record(self, workload: Workload, found: list[Violation]) -> dict:
         definition = json.dumps(self.preset.describe(), sort_keys=True)

@@ -155,3 +155,18 @@ def test_serving_state_writes_every_group_through_its_own_slots(state):
         assert describe_tag(int(cache.data[1, 1])) == "rank 1, request 4, position 17"
     assert [len(x.rows) for x in state.live()] == [1, 1, 1, 1]
     assert [t.data_ptr() for t in state.kv_tensors()] == [c.data.data_ptr() for c in state.caches]
+
+
+def test_the_serving_state_knows_each_live_rows_ids():
+    st = ServingState(object(), PRESETS["cp1-window"], 0)
+    pad = [[] for _ in st.caches[2:]]
+    st.pool.admit(5, 2)
+    st.note_append(5, 2, ([10, 11], [20], *pad), True)
+    st.note_append(5, 2, ([12], [], *pad), False)
+    st.pool.admit(6, 3)  # admitted, nothing appended yet: not re-appended
+    st.note_append(4, 1, ([1], [2], *pad), True)  # row 1's request is not serving
+    assert st.live_rows() == [(2, 5, [[10, 11, 12], [20], *pad])]
+    st.pool.finish(5)
+    st.pool.admit(7, 2)
+    st.note_append(7, 2, ([30], [31], *pad), True)
+    assert st.live_rows() == [(2, 7, [[30], [31], *pad])]

@@ -10,6 +10,7 @@ import pytest
 from cp_blocktables import cli
 from cp_blocktables.drills.driver import run_drill_in_process_group
 from cp_blocktables.drills.options import DrillOptions, plan
+from cp_blocktables.drills.wake_up import sleep_points
 from cp_blocktables.harness.impl_loader import DEFAULT_IMPL
 from tests.wrong_impls.wake_catalogue import WAKE_CATALOGUE
 
@@ -102,3 +103,11 @@ def test_wake_up_shares_null_blocks_checks_before_any_rank_starts(capsys, monkey
         monkeypatch.delenv(var, raising=False)
     assert cli.main(["drill", "wake-up", "--sizes", "4,3", "--preset", "cp2-i1"]) == 2
     assert "which does not divide world size 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("steps", "cycles", "idle", "points"),
+    [(12, 2, False, {4, 8}), (12, 2, True, {0, 4, 8}), (3, 5, False, {1, 2}), (1, 2, False, set())],
+)
+def test_sleep_points(steps, cycles, idle, points):
+    assert sleep_points(steps, cycles, idle) == points

@@ -104,7 +104,7 @@ def test_report_junit_and_plot(tmp_path):
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(paths["json"].read_text())
     assert data["results"][0]["corners"]["interleave_1"] > 0
-    assert set(data["checks"]) == {str(i) for i in range(11)}
+    assert set(data["checks"]) == {str(i) for i in range(12)}
 
 
 def test_a_preset_run_as_defined_enforces_and_reaches_its_corners(tmp_path):

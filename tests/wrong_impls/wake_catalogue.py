@@ -1,9 +1,11 @@
 """Implementations whose wake-up after sleep (SPEC.md 8.4) keeps something from before the sleep.
 
 Each is the project's `BlockTables` with one change in or around
-`init_block_table_layout_tensors()`. Every one passes the harness (the
-first call, from the constructor, builds everything) and must fail
-`cp-blocktables drill wake-up` with the check named in `WAKE_CATALOGUE`.
+`init_block_table_layout_tensors()`. Every one computes every step of a
+workload right (the first call, from the constructor, builds everything), so
+only a sleep tells: each must fail `cp-blocktables drill wake-up` with the
+check named in `WAKE_CATALOGUE`, and `verify`'s default sweep with
+`VERIFY_CHECK`, its wake-up probe (`cp_blocktables/harness/wake_probe.py`).
 """
 
 from __future__ import annotations
@@ -128,3 +130,6 @@ WAKE_CATALOGUE: dict[str, tuple[str, str]] = {
     "trusts_host_shadow": (f"{_MODULE}:TrustsHostShadow", "6"),
 }
 """name -> (`--impl` spec, the drill check, or SPEC.md section 6 check, that must report it)."""
+
+VERIFY_CHECK = 11
+"""The check of `verify` (its wake-up probe) that must report every one of `WAKE_CATALOGUE`."""

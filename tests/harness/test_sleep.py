@@ -9,10 +9,7 @@ import pytest
 import torch
 
 from cp_blocktables import BlockTables
-from cp_blocktables.drills.serving import ServingState
-from cp_blocktables.drills.sleep import moved, simulate_sleep, survivors, walk
-from cp_blocktables.drills.wake_up import sleep_points
-from cp_blocktables.harness.presets import PRESETS
+from cp_blocktables.harness.sleep import moved, simulate_sleep, survivors, walk
 from tests.wrong_impls import wake_catalogue as wc
 
 CPU = torch.device("cpu")
@@ -145,26 +142,3 @@ def test_the_walk_follows_dicts_lists_tuples_dataclasses_and_slots():
     assert slept.host_paths == ["slotted.table"]
     assert toy.slotted.host.tolist() == [0, 0, 0, 0]
     assert len(slept.garbage) == 4
-
-
-def test_the_serving_state_knows_each_live_rows_ids():
-    st = ServingState(object(), PRESETS["cp1-window"], 0)
-    pad = [[] for _ in st.caches[2:]]
-    st.pool.admit(5, 2)
-    st.note_append(5, 2, ([10, 11], [20], *pad), True)
-    st.note_append(5, 2, ([12], [], *pad), False)
-    st.pool.admit(6, 3)  # admitted, nothing appended yet: not re-appended
-    st.note_append(4, 1, ([1], [2], *pad), True)  # row 1's request is not serving
-    assert st.live_rows() == [(2, 5, [[10, 11, 12], [20], *pad])]
-    st.pool.finish(5)
-    st.pool.admit(7, 2)
-    st.note_append(7, 2, ([30], [31], *pad), True)
-    assert st.live_rows() == [(2, 7, [[30], [31], *pad])]
-
-
-@pytest.mark.parametrize(
-    ("steps", "cycles", "idle", "points"),
-    [(12, 2, False, {4, 8}), (12, 2, True, {0, 4, 8}), (3, 5, False, {1, 2}), (1, 2, False, set())],
-)
-def test_sleep_points(steps, cycles, idle, points):
-    assert sleep_points(steps, cycles, idle) == points
