@@ -33,9 +33,6 @@ and its allowlist entry, are the same whether it ran or not.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +41,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .session import run_whole
 
 if TYPE_CHECKING:
     from cosmic_ray.work_item import WorkItem, WorkResult
@@ -184,26 +183,11 @@ def _executed_lines(
 
 
 def _run_group(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float) -> tuple[int, str]:
-    """Run `cmd` in a session of its own: (exit code, output); its whole group is killed
-    when it outlasts `timeout` (`ReachTimeout`) or this process is interrupted."""
-    proc = subprocess.Popen(
-        cmd,
-        env=dict(env, PYTHONDONTWRITEBYTECODE="1"),
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    """`session.run_whole`, its timeout a `ReachTimeout`."""
     try:
-        out, _ = proc.communicate(timeout=max(timeout, 0.0))
+        return run_whole(cmd, env, timeout, cwd)
     except subprocess.TimeoutExpired:
         raise ReachTimeout(f"the coverage run outlasted {timeout:.0f} s") from None
-    finally:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    return proc.returncode, out
 
 
 def record(db: Path, home: Path, ran: dict[str, Ran]) -> int:

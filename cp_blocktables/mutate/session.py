@@ -212,34 +212,36 @@ def read_mutants(session: Path) -> list[Mutant]:
 
 
 def run_test_command(command: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
-    """Run the test command once on the unmutated copy: (exit code, output).
+    """Run the test command once on the unmutated copy: (exit code, output); 124 when it
+    outlasts `timeout`."""
+    try:
+        return run_whole(command, env, timeout)
+    except subprocess.TimeoutExpired:
+        return 124, f"baseline timed out after {timeout:.0f} s"
 
-    It runs in a session of its own, killed whole (the harness's ranks with it)
-    on the timeout or when this process is interrupted."""
-    env = dict(env, PYTHONDONTWRITEBYTECODE="1")
+
+def run_whole(
+    command: list[str], env: dict[str, str], timeout: float, cwd: Path | None = None
+) -> tuple[int, str]:
+    """Run `command` in a session of its own: (exit code, output). When it ends, outlasts
+    `timeout` (`subprocess.TimeoutExpired`) or this process is interrupted, its whole group
+    is killed: the harness's ranks never outlive it."""
     proc = subprocess.Popen(
         command,
-        env=env,
+        env=dict(env, PYTHONDONTWRITEBYTECODE="1"),
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
     )
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_session(proc)
-        return 124, f"baseline timed out after {timeout:.0f} s"
-    except BaseException:
-        _kill_session(proc)
-        raise
+        out, _ = proc.communicate(timeout=max(timeout, 0.0))
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     return proc.returncode, out
-
-
-def _kill_session(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
 
 
 def child_env(paths: list[Path]) -> dict[str, str]:
