@@ -31,6 +31,8 @@ class _CornerCounts:
         self.profiled_rows = 0
         c["smaller_step"] += step.num_tokens < self.prev_num_tokens
         c["giant_shrink"] += step.num_tokens + 8192 < self.prev_num_tokens
+        short = 0 < step.num_reqs <= 2 and step.num_tokens <= 64
+        c["short_step_long_buffer"] += short and self.cfg.max_num_batched_tokens > 8192
         c["full_batch"] += step.num_reqs == self.cfg.max_num_reqs
         # The buffer's last entry holds a real request's token.
         rows = step.token_rows()[0]

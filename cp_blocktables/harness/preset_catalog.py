@@ -223,8 +223,8 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
     Preset(
         name="large-steps",
         description="cp 4: a request of 8,400 tokens in one step, then a step 8,192+ tokens "
-        "smaller; rows of 2,100+ blocks; batches of exactly max_num_reqs requests; one apply "
-        "with more writes than max_num_reqs",
+        "smaller, of a request or two; rows of 2,100+ blocks; batches of exactly max_num_reqs "
+        "requests; one apply with more writes than max_num_reqs",
         groups=(GroupSpec(16), GroupSpec(4, sharded=False), GroupSpec(32, enabled=False)),
         cp_size=4,
         cp_interleave=4,
@@ -243,6 +243,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
             {
                 "giant_request_step",
                 "giant_shrink",
+                "short_step_long_buffer",
                 "wide_row",
                 "full_batch",
                 "writes_past_max_reqs",

@@ -51,6 +51,7 @@ CORNERS = (
     # Size regimes and argument paths an implementation may branch on (docs/harness.md).
     "giant_request_step",
     "giant_shrink",
+    "short_step_long_buffer",
     "wide_row",
     "span_past_2_31",
     "full_batch",

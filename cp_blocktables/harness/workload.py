@@ -239,8 +239,10 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
         p, rng = self.p, self.rng
         cap = p.max_num_batched_tokens - 16
         self.whole_buffer = False
+        self.most_in_step = p.max_batch_reqs
         if p.giant_prefill and self.prev_num_tokens > p.giant_prefill:
-            budget = int(rng.integers(1, 64))  # a step far smaller than the one before
+            budget = int(rng.integers(1, 64))  # a step far smaller than the one before,
+            self.most_in_step = int(rng.integers(1, 3))  # of a request or two (a short step)
         elif self._overdue("full_step"):
             budget = p.max_num_batched_tokens  # every token: packed exactly by _pack
             self.whole_buffer = True
@@ -265,7 +267,7 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
         order = [running[i] for i in rng.permutation(len(running)).tolist()]
         order.sort(key=lambda r: r.nct < r.prompt_len)  # decodes first, as engines do
         for req in order:
-            if len(scheduled) >= p.max_batch_reqs or budget <= 0:
+            if len(scheduled) >= self.most_in_step or budget <= 0:
                 break
             n = self._tokens_for(req, budget)
             if n > 0:
@@ -293,7 +295,7 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
         p, rng = self.p, self.rng
         while (
             self.free_rows
-            and len(scheduled) < p.max_batch_reqs
+            and len(scheduled) < self.most_in_step
             and budget > 0
             and (
                 rng.random() < (0.7 if len(self.running) < p.max_batch_reqs else 0.15)
