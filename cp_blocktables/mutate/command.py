@@ -96,7 +96,7 @@ def add_mutate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allowlist",
         metavar="PATH",
-        help="argued survivors, equivalent or outside the contract "
+        help="argued survivors: equivalent, outside the contract or GPU only "
         "(default: docs/mutation-survivors.md of the project)",
     )
     p.add_argument(
