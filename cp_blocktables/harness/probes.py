@@ -121,12 +121,17 @@ def run_probes(
     fused: bool,
 ) -> list[Violation]:
     """Every probe for one rank; `cfg` and `kwargs` built its workload instance."""
-    args = [cfg.block_sizes, cfg.max_num_reqs, cfg.max_num_batched_tokens,
-            cfg.max_num_blocks_per_group, device]  # fmt: skip
+    args = constructor_args(cfg, device)
     found = probe_construction(factory, args, kwargs, accepts, cp_rank)
     if kwargs.get("integrity_checks"):
         found += probe_integrity(factory, args, kwargs, cp_rank, fused)
     return found
+
+
+def constructor_args(cfg, device: torch.device) -> list:
+    """The positional arguments of SPEC.md section 3's constructor for config `cfg`."""
+    return [cfg.block_sizes, cfg.max_num_reqs, cfg.max_num_batched_tokens,
+            cfg.max_num_blocks_per_group, device]  # fmt: skip
 
 
 def _names_group(message: str, group: int) -> bool:

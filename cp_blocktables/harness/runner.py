@@ -180,28 +180,22 @@ class _PresetRun:
         if self.preset.integrity_checks and "integrity_checks" not in kwargs:
             self.unsupported.append(f"integrity_checks (SPEC.md 8.3): {UNSUPPORTED}")
         try:
-            impl = self.impl_cls(
-                cfg.block_sizes,
-                cfg.max_num_reqs,
-                cfg.max_num_batched_tokens,
-                cfg.max_num_blocks_per_group,
-                self.comm.device,
-                **kwargs,
-            )
+            impl = self.impl_cls(*probes.constructor_args(cfg, self.comm.device), **kwargs)
             executor = _Executor(impl, self.preset, self.comm.device)
             found = executor.check_buffers()
         except Exception as e:  # noqa: BLE001 - whatever the implementation raises is a finding
             return None, None, [self._error(-1, "constructor", e)]
+        missing = missing_methods(impl)
         if any(s.fused_read for s in self.workload_steps):
-            self.unsupported += [f"{m}: {UNSUPPORTED}" for m in missing_methods(impl)]
+            self.unsupported += [f"{m}: {UNSUPPORTED}" for m in missing]
         found += probes.run_probes(
             self.impl_cls, cfg, self.comm.device, kwargs, self.accepts, self.cp_rank,
-            fused=not missing_methods(impl),
+            fused=not missing,
         )  # fmt: skip
         if self.cp_index == 0:  # every CP rank of the preset's config; the other groups repeat it
             woke, skipped = wake_probe.probe_wake_up(
-                self.impl_cls, self._probe_args(cfg), kwargs, self.cp_rank,
-                fused=not missing_methods(impl), seed=(self.seed,),
+                self.impl_cls, probes.constructor_args(cfg, self.comm.device), kwargs,
+                self.cp_rank, fused=not missing, seed=(self.seed,),
             )  # fmt: skip
             found += woke
             if skipped is not None:
@@ -209,10 +203,6 @@ class _PresetRun:
         for v in found:
             v.rank = self.cp_rank
         return impl, (None if found else executor), found
-
-    def _probe_args(self, cfg) -> list:
-        return [cfg.block_sizes, cfg.max_num_reqs, cfg.max_num_batched_tokens,
-                cfg.max_num_blocks_per_group, self.comm.device]  # fmt: skip
 
     def _start_record(self, workload: Workload, found: list[Violation]) -> dict:
         definition = json.dumps(self.preset.describe(), sort_keys=True)

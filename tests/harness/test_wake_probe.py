@@ -12,7 +12,7 @@ import torch
 from harness_proc import ROOT, run_cli
 
 from cp_blocktables import BlockTables
-from cp_blocktables.harness import presets, wake_probe
+from cp_blocktables.harness import presets, probes, wake_probe
 from cp_blocktables.harness.features import constructor_kwargs, inspect_factory, missing_methods
 
 sys.path.insert(0, str(ROOT))
@@ -31,8 +31,7 @@ def _probe(factory, preset_name: str, ranks=None) -> tuple[list, set]:
     for rank in range(p.cp_size) if ranks is None else ranks:
         cfg = p.config(rank)
         kwargs = constructor_kwargs(p, rank, accepts)
-        args = [cfg.block_sizes, cfg.max_num_reqs, cfg.max_num_batched_tokens,
-                cfg.max_num_blocks_per_group, torch.device("cpu")]  # fmt: skip
+        args = probes.constructor_args(cfg, torch.device("cpu"))
         fused = not missing_methods(factory(*args, **kwargs))
         v, s = wake_probe.probe_wake_up(factory, args, kwargs, rank, fused, seed=(3,))
         found += v
