@@ -41,7 +41,7 @@ class Comm:
         self.placement: Placement | None = None  # the census's verdict, when one was taken
         self._seq = 0
         self.peer_lost = False  # a collective failed: see teardown_safe
-        self._groups: dict[int, tuple[object, object, list[int]]] = {}
+        self._groups: dict[int, tuple[object, object, list[int]] | None] = {}
         self._store = None
         self._objects = None  # gloo group of the world for objects when the backend is NCCL
         self._owns_group = True
@@ -127,16 +127,21 @@ class Comm:
         """Why ranks share GPUs, when the census made them ("" otherwise)."""
         return self.placement.note if self.placement else ""
 
-    def cp_group(self, cp_size: int) -> tuple[object, object, list[int]]:
-        """(tensor group, object group, global ranks) of this rank's CP group of `cp_size`.
+    def cp_group(self, cp_size: int) -> tuple[object, object, list[int]] | None:
+        """(tensor group, object group, global ranks) of this rank's CP group of `cp_size`;
+        None for a rank past the last whole group.
 
-        Every rank creates every CP group of that size (new_group is collective).
+        The world splits into `world_size // cp_size` groups of consecutive ranks, so a
+        CP size that does not divide the world size (3 of 8) still runs, with the
+        remaining ranks sitting it out. Every rank creates every CP group of that size
+        (new_group is collective).
         """
         if cp_size not in self._groups:
-            if self.world_size % cp_size:
-                raise ValueError(f"cp_size {cp_size} does not divide world size {self.world_size}")
+            if cp_size > self.world_size:
+                raise ValueError(f"cp_size {cp_size} exceeds world size {self.world_size}")
             mine = None
-            for start in range(0, self.world_size, cp_size):
+            whole = self.world_size - self.world_size % cp_size
+            for start in range(0, whole, cp_size):
                 ranks = list(range(start, start + cp_size))
                 if cp_size == self.world_size:
                     groups = (None, self._objects)

@@ -6,9 +6,9 @@ garbage in the positions' tail, shuffled rows) and, per scheduled request,
 those of the configuration and the traffic
 (interleave against block size, mixed groups, windows at their boundary,
 wide rows, slots past 2**31, tokens mapped through a table that spans 2**31
-positions). A mixin of the workload generator (`workload._Generator`); the
-life cycle (`lifecycle`) and the batch shape (`batch_shape`) count the
-corners they reach themselves.
+positions or in a layout where no size is a power of two). A mixin of the
+workload generator (`workload._Generator`); the life cycle (`lifecycle`) and
+the batch shape (`batch_shape`) count the corners they reach themselves.
 """
 
 from __future__ import annotations
@@ -87,9 +87,14 @@ class _CornerCounts:
         c["many_groups"] += self.num_groups >= 5
         c["kernel_blocks"] += any(x > 1 for x in m)
         c["kernel_blocks_mixed"] += any(x > 1 for x in m) and any(x == 1 for x in m)
+        # No size a slot mapping divides by is a power of two (kernel block sizes, group
+        # CP sizes, the interleave), so no shift can stand in for a division.
+        sizes = [*kernel, *(cfg.group_cp_size(g) for g in range(self.num_groups))]
+        odd = bool(sizes) and all(x & (x - 1) for x in [*sizes, cfg.cp_interleave])
         for req, n in scheduled:
             self.real_tokens += n
             c["giant_request_step"] += n > 8192
+            c["no_power_of_two"] += n if odd else 0
             for g in range(self.num_groups):
                 w, bs = self.reach[g], kernel[g]
                 if w and req.nct > w and (req.nct - w) % bs == 0:

@@ -1,4 +1,4 @@
-"""The sweep's presets (`make verify`): together they cover cp_size 1, 2, 4 and 8,
+"""The sweep's presets (`make verify`): together they cover cp_size 1, 2, 3, 4 and 8,
 interleave 1 up to the block size, kernel block sizes, zero to six groups, sliding
 windows and every corner of the contract (`preset_spec.CORNERS`).
 """
@@ -218,6 +218,35 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
             "kernel_blocks_mixed",
             "spec_decode",
             "spec_rejected",
+        },
+    ),
+    Preset(
+        name="cp3-no-power-of-two",
+        description="cp 3, interleave 3: every group sharded and no block size a power of "
+        "two, so a slot mapping must divide; a sliding window; at world size 8 two CP groups "
+        "run it and two ranks sit it out",
+        groups=(GroupSpec(12), GroupSpec(6), GroupSpec(24, window=50, kernel_block_size=6)),
+        cp_size=3,
+        cp_interleave=3,
+        num_steps=16,
+        max_num_reqs=12,
+        max_num_batched_tokens=240,
+        max_model_len=1080,
+        max_batch_reqs=8,
+        max_prefill_chunk=96,
+        max_prompt_len=600,
+        max_decode_len=40,
+        spec_tokens=2,
+        corners=COMMON
+        | {
+            "no_power_of_two",
+            "interleave_between",
+            "several_block_sizes",
+            "kernel_blocks",
+            "kernel_blocks_mixed",
+            "spec_rejected",
+            "spec_decode",
+            "window_configured_under_cp",
         },
     ),
     Preset(

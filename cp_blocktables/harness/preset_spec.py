@@ -54,6 +54,7 @@ CORNERS = (
     "short_step_long_buffer",
     "wide_row",
     "span_past_2_31",
+    "no_power_of_two",
     "full_batch",
     "full_step",
     "writes_past_max_reqs",

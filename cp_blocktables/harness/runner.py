@@ -86,11 +86,8 @@ def plan(opts: VerifyOptions, world_size: int) -> tuple[list[presets.Preset], li
     for p in presets.resolve(opts.presets):
         p = p.with_overrides(opts.cp_size, opts.steps)
         p.validate()
-        if world_size % p.cp_size:
-            msg = (
-                f"preset {p.name} needs cp_size {p.cp_size}, which does not divide world "
-                f"size {world_size}"
-            )
+        if p.cp_size > world_size:
+            msg = f"preset {p.name} needs cp_size {p.cp_size}, more than world size {world_size}"
             if p.name in explicit:
                 raise ValueError(msg)
             skipped.append(msg)
@@ -390,7 +387,9 @@ def _run(comm: Comm, opts: VerifyOptions, t0: float) -> int:
                 if progress is not None:
                     progress.advance(p.num_steps)
                 continue
-            result = _PresetRun(comm, opts, spec, cls, p, progress, totals).run()
+            result = None
+            if comm.cp_group(p.cp_size) is not None:  # else a rank past the last whole group
+                result = _PresetRun(comm, opts, spec, cls, p, progress, totals).run()
             results.append(result)
             if opts.fail_fast and _any_failed(comm, result, p.name):
                 if progress is not None:

@@ -28,8 +28,8 @@ def _no_torchrun_env(monkeypatch):
         (["--impl", "cp_blocktables:PAD_SLOT_ID"], "is a int, not a class"),
         (["--impl", "missing/file.py:X"], "no such file"),
         (["--preset", "nope"], "unknown preset 'nope'"),
-        (["--world-size", "3", "--preset", "cp2-i1"], "does not divide world size 3"),
-        (["--world-size", "4", "--cp-size", "3"], "no preset can run with world size 4"),
+        (["--world-size", "3", "--preset", "default"], "more than world size 3"),
+        (["--world-size", "2", "--cp-size", "4"], "no preset can run with world size 2"),
         (["--backend", "nccl"], "needs torchrun"),
     ],
     ids=[
@@ -82,7 +82,7 @@ def test_subcommands_are_registered():
 def test_sweep_skips_presets_the_world_cannot_hold():
     opts = VerifyOptions(impls=["cp_blocktables:BlockTables"], presets=["sweep"])
     chosen, skipped = plan(opts, 4)
-    assert [p.cp_size for p in chosen] == [1, 2, 4, 4, 4, 1, 4, 2, 2, 1]
+    assert [p.cp_size for p in chosen] == [1, 2, 4, 4, 3, 4, 1, 4, 2, 2, 1]  # cp 3: one rank idle
     assert [s.split()[1] for s in skipped] == ["cp8-large-ids", "cp8-span-2-31"]  # cp 8
     assert len(plan(opts, 8)[0]) == len(presets.SWEEP)
 

@@ -74,6 +74,21 @@ def test_cp_groups_of_a_larger_world_get_their_own_seeds(tmp_path):
     assert results[0]["workload_digest"] != results[1]["workload_digest"]
 
 
+def test_a_cp_size_that_does_not_divide_the_world_leaves_the_last_ranks_out(tmp_path):
+    """cp 3 on 4 ranks: one CP group of ranks 0 to 2 runs the preset, rank 3 sits it out
+    and still joins the run's verdict."""
+    report = tmp_path / "report.json"
+    args = ["verify", "--world-size", "4", "--preset", "cp3-no-power-of-two", "--steps", "6"]
+    proc = run_cli([*args, "--report", str(report)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(report.read_text())
+    (result,) = data["results"]
+    assert (result["cp_size"], result["ranks"]) == (3, [0, 1, 2])
+    _accounting_ok(result)
+    assert result["corners"]["no_power_of_two"] > 0
+    assert [r["tokens"] > 0 for r in data["ranks"]] == [True, True, True, False]
+
+
 def test_report_junit_and_plot(tmp_path):
     paths = {k: tmp_path / f"out.{k}" for k in ("json", "xml", "png")}
     proc = run_cli(

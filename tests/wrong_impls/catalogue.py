@@ -27,6 +27,7 @@ from .catalogue_ours import (
 from .catalogue_slots import (
     AllRanksWrite,
     BatchIndexAsRow,
+    CpModuloAsMask,
     DisabledGroupWritten,
     DroppedInterleaveRemainder,
     DummyTokensWritten,
@@ -115,6 +116,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "overflow_partly_staged": _entry(OverflowPartlyStaged, 6),
     "rare_wrong_slot": _entry(RareWrongSlot, 2),
     "last_rank_off_by_one": _entry(LastRankOffByOne, 1),
+    "cp_modulo_as_mask": _entry(CpModuloAsMask, 1),
     "virtual_block_from_allocator": _entry(VirtualBlockFromAllocator, 2),
     "expansion_reversed": _entry(ExpansionReversed, 6),
     "counts_in_allocator_blocks": _entry(CountsInAllocatorBlocks, 6),

@@ -51,6 +51,14 @@ class AllRanksWrite(StandInBlockTables):
         return slot
 
 
+class CpModuloAsMask(StandInBlockTables):
+    """The owner as `(o // I) & (C - 1)`: a mask for the modulo, right only when the CP
+    size is a power of two (cp 3 gives ranks 0 and 2 every token, rank 1 none)."""
+
+    def _owner(self, o, c, i):
+        return (o // i) & (c - 1)
+
+
 class LastRankOffByOne(StandInBlockTables):
     """Only the last CP rank gets the local offset wrong (one past it, wrapping in the block)."""
 
