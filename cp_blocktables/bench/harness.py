@@ -25,7 +25,8 @@ from typing import TextIO
 
 from ..harness.dist import RankEnv, spawn_local
 from ..harness.impl_loader import DEFAULT_IMPL
-from ..harness.runner import VerifyOptions, run_rank
+from ..harness.options import VerifyOptions
+from ..harness.runner import run_rank
 
 
 @dataclass

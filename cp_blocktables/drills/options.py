@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..harness import presets, runner
+from ..harness import options, presets
 
 DRILL_VERSION = "1"
 DRILLS = ("null-block", "wake-up")
@@ -56,13 +56,13 @@ class DrillOptions:
             "kind": self.drill,
             "cycles": self.cycles,
             "drill": DRILL_VERSION,
-            "harness": runner.HARNESS_VERSION,
+            "harness": options.HARNESS_VERSION,
             "torch": torch.__version__,
         }
 
-    def phase_options(self, phase: int) -> runner.VerifyOptions:
+    def phase_options(self, phase: int) -> options.VerifyOptions:
         """The harness options of serve phase `phase` (its workloads get seed + 1000 * phase)."""
-        return runner.VerifyOptions(
+        return options.VerifyOptions(
             impls=self.impls,
             presets=self.presets,
             seed=self.seed + SEED_STRIDE * phase,

@@ -167,7 +167,7 @@ def check_plan(opts, plan: Callable) -> None:
 
 def verify_options(args: argparse.Namespace):
     """`VerifyOptions` from parsed arguments, checked for the world it will run in."""
-    from .runner import VerifyOptions, plan
+    from .options import VerifyOptions, plan
 
     env = rank_env(args)
     opts = VerifyOptions(
@@ -264,7 +264,7 @@ def add_soak_arguments(p: argparse.ArgumentParser) -> None:
 
 def soak_options(args: argparse.Namespace):
     """`SoakOptions` from parsed arguments, checked for the world it will run in."""
-    from .runner import VerifyOptions, plan
+    from .options import VerifyOptions, plan
     from .soak import SoakOptions
 
     env = rank_env(args)

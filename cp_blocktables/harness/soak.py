@@ -33,7 +33,8 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from .group import PeerError, RankEnv
-from .runner import VerifyOptions, run_rank
+from .options import VerifyOptions
+from .runner import run_rank
 
 _DECISION = "cpbt/soak/"
 

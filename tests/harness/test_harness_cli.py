@@ -10,7 +10,7 @@ from cp_blocktables.harness import presets
 from cp_blocktables.harness.backend import choose_backend
 from cp_blocktables.harness.group import RankEnv
 from cp_blocktables.harness.impl_loader import ImplSpecError, load_impl
-from cp_blocktables.harness.runner import VerifyOptions, plan
+from cp_blocktables.harness.options import VerifyOptions, plan
 
 
 @pytest.fixture(autouse=True)

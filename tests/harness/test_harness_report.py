@@ -9,8 +9,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from cp_blocktables.harness.checks import Violation
+from cp_blocktables.harness.options import VerifyOptions
 from cp_blocktables.harness.report import Progress, RunReport
-from cp_blocktables.harness.runner import VerifyOptions
 
 
 def _result(violations=(), missing=(), enforced=True, impl="cp_blocktables:BlockTables"):

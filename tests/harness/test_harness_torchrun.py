@@ -61,7 +61,8 @@ def test_two_torchrun_agents_as_two_nodes(tmp_path):
 
 SECOND_GROUP = """
 import os, time
-from cp_blocktables.harness.runner import VerifyOptions, run_rank
+from cp_blocktables.harness.options import VerifyOptions
+from cp_blocktables.harness.runner import run_rank
 opts = VerifyOptions(impls=["cp_blocktables:BlockTables"], presets=["cp2-i1"], steps=2,
                      quiet=True, progress=False, timeout=20)
 first = run_rank(opts)

@@ -10,7 +10,7 @@ import pytest
 from harness_proc import child_env, leftover_processes, run_cli
 
 from cp_blocktables import cli
-from cp_blocktables.harness.runner import VerifyOptions
+from cp_blocktables.harness.options import VerifyOptions
 from cp_blocktables.harness.soak import SoakOptions
 
 SHORT = ["--world-size", "2", "--preset", "cp2-i1", "--preset-steps", "4"]
