@@ -50,7 +50,7 @@ class _Executor(_ArgumentPaths, _RankChecks):
         self.fused = callable(getattr(impl, "gather_and_compute_slot_mappings", None))
         self._aux_slots: torch.Tensor | None = None
         self._aux_tables: list[torch.Tensor] | None = None
-        self.guard = GuardedPool(device)  # inputs end at an unreadable page (CPU)
+        self.guard = GuardedPool(device)  # inputs and outs end at an unreadable page (CPU)
 
     def check_buffers(self) -> list[Violation]:
         """The persistent buffers' shapes: everything else relies on them."""
@@ -111,7 +111,7 @@ class _Executor(_ArgumentPaths, _RankChecks):
             if step.kind == "warmup":
                 impl.redirect_writes_to_null_block = False
         impl.apply_staged_writes()
-        # Every index tensor handed over is a guarded copy: a read past its end faults.
+        # Every tensor handed over is a guarded copy: an access past its end faults.
         guard = self.guard.copy
         idx = guard(torch.from_numpy(step.idx_mapping).to(dev))
         nct = (
@@ -126,7 +126,7 @@ class _Executor(_ArgumentPaths, _RankChecks):
             return found + self._fused(step, idx, qsl, pos, nct)
         out = out_ptrs = None
         if step.gather_out:
-            out = self._aux_tables = self._sentinel_tables()
+            out = self._aux_tables = self._caller_tables()
             if step.gather_out == 2:
                 ptrs = [t.data_ptr() for t in out]
                 out_ptrs = guard(torch.tensor(ptrs, dtype=torch.uint64, device=dev))
@@ -138,7 +138,7 @@ class _Executor(_ArgumentPaths, _RankChecks):
             )
         slot_out = None
         if step.slot_out:
-            slot_out = self._aux_slots = self._sentinel_slots()
+            slot_out = self._aux_slots = self._caller_slots()
             slots = impl.compute_slot_mappings(idx, qsl, pos, ntp, out=slot_out)
         else:
             slots = impl.compute_slot_mappings(idx, qsl, pos, ntp)

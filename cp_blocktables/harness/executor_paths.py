@@ -57,7 +57,7 @@ class _ArgumentPaths:
         found += self._check_slot_view(step.index, slots, ntp, False)
         if found:
             return found
-        out, slot_out = self._sentinel_tables(), self._sentinel_slots()
+        out, slot_out = self._caller_tables(), self._caller_slots()
         two = impl.gather_block_tables(idx, nrp, out=out, num_computed_tokens=nct)
         impl.compute_slot_mappings(idx, qsl, pos, ntp, out=slot_out)
         for g, (a, b) in enumerate(zip(tables, two, strict=True)):
@@ -89,6 +89,15 @@ class _ArgumentPaths:
             if r >= 0:
                 a[b, int(self.num_blocks[g, r]) :] = 0
         return a
+
+    def _caller_tables(self) -> list[torch.Tensor]:
+        """Sentinel tables handed over as a gather's `out`: guarded copies on the CPU, so a
+        write past a table's end faults (`guarded`)."""
+        return [self.guard.copy(t) for t in self._sentinel_tables()]
+
+    def _caller_slots(self) -> torch.Tensor:
+        """A sentinel slot buffer handed over as `out`, guarded as `_caller_tables`."""
+        return self.guard.copy(self._sentinel_slots())
 
     def _sentinel_tables(self) -> list[torch.Tensor]:
         return [

@@ -1,4 +1,4 @@
-"""Inputs that end at an unreadable page: on the CPU a read past an input's end faults.
+"""Buffers that end at an unreadable page: on the CPU an access past their end faults.
 
 An implementation that loads one entry past a tensor the harness hands it
 (`query_start_loc[num_reqs + 1]`, say, from a binary search that takes a step
@@ -9,6 +9,9 @@ harness hands every input tensor over as a guarded copy: same shape, dtype,
 values and contiguity, in storage whose last byte is the last byte before a
 page mapped `PROT_NONE`. A read past the end is then a segmentation fault,
 which kills the rank; the spawner names the rank and the signal (`spawn`).
+The caller-owned `out` buffers of a gather or slot mapping are handed over
+the same way, so a store one entry past one faults too (on a GPU it would
+overwrite whatever the caller keeps there).
 
 Invariant: for a tensor `g = pool.copy(t)` with `pool.active`, `g` equals `t`,
 is contiguous, `g.data_ptr() + g.nbytes` is a page boundary and the page that

@@ -160,8 +160,9 @@ def _why(code: int | None) -> str:
     why = f"signal {-code}, {name}"
     if -code in (signal.SIGSEGV, signal.SIGBUS):
         why += (
-            ": an access to unmapped memory; on the CPU every input the harness hands over "
-            "ends at an unreadable page, so it may be a read past an input's end"
+            ": an access to unmapped memory; on the CPU every input and caller-owned output "
+            "the harness hands over ends at an unreadable page, so it may be a read past an "
+            "input's end or a write past an output's"
         )
     return why
 

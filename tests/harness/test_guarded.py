@@ -106,8 +106,22 @@ def test_the_default_sweep_fails_an_implementation_that_reads_past_query_start_l
     took = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
-    assert "ended abnormally (signal 11, SIGSEGV" in out and "read past an input's end" in out
+    assert "ended abnormally (signal 11, SIGSEGV" in out and "a read past an input's end" in out
     assert "faulty.py" in out  # faulthandler names the line that read
     assert took < 90
     time.sleep(0.5)
     assert leftover_processes(env["CP_BLOCKTABLES_TEST_MARKER"]) == []
+
+
+@pytest.mark.multirank
+def test_a_write_past_a_caller_owned_out_kills_the_rank_and_fails_the_run():
+    """`OursWritesPastSlotOut` leaves every checked value right; the guarded `out` turns
+    its stray store into SIGSEGV on the ranks whose step passed an `out`."""
+    proc = run_cli(
+        ["verify", "--world-size", "2", "--preset", "cp2-i1", "--device", "cpu", "--quiet",
+         "--no-progress", "--impl", "tests.wrong_impls.faulty:OursWritesPastSlotOut"],
+        timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "SIGSEGV" in out and "a write past an output's" in out

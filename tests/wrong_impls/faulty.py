@@ -4,8 +4,9 @@ They drive the harness's failure paths: a hung rank must end the run within
 the collective timeout with a message naming it, a dead rank must not leave
 its peers waiting, and an exception is a finding, not a crash.
 `OursReadsPastQueryStartLoc` computes every result right but reads one entry
-past an input: only the harness's guarded inputs (`harness.guarded`) turn
-that read into a death, of every rank on the CPU.
+past an input, and `OursWritesPastSlotOut` writes one entry past a
+caller-owned `out`: only the harness's guarded buffers (`harness.guarded`)
+turn that access into a death, of every rank on the CPU.
 """
 
 from __future__ import annotations
@@ -91,3 +92,17 @@ class OursReadsPastQueryStartLoc(BlockTables):
         if t.device.type == "cpu" and t.numel():
             end = t.data_ptr() + t.numel() * t.element_size()
             ctypes.string_at(end, t.element_size())  # the entry after the last, discarded
+
+
+class OursWritesPastSlotOut(BlockTables):
+    """The project's BlockTables whose slot mapping into a caller-owned `out` also stores
+    one entry past its end (an unmasked store of a tail lane): right results in `out`,
+    and on a GPU an out-of-bounds write into whatever the caller keeps there. Only on the
+    CPU, where the address can be written from here."""
+
+    def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, ntp, out=None):
+        slots = super().compute_slot_mappings(idx_mapping, query_start_loc, positions, ntp, out)
+        if out is not None and out.device.type == "cpu" and out.numel():
+            end = out.data_ptr() + out.numel() * out.element_size()
+            ctypes.memmove(end, out.data_ptr(), out.element_size())  # a stray tail store
+        return slots
