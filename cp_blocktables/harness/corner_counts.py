@@ -6,9 +6,10 @@ garbage in the positions' tail, shuffled rows) and, per scheduled request,
 those of the configuration and the traffic
 (interleave against block size, mixed groups, windows at their boundary,
 wide rows, slots past 2**31, tokens mapped through a table that spans 2**31
-positions or in a layout where no size is a power of two). A mixin of the
-workload generator (`workload._Generator`); the life cycle (`lifecycle`) and
-the batch shape (`batch_shape`) count the corners they reach themselves.
+positions, in a layout where no size is a power of two or where one alone is
+not). A mixin of the workload generator (`workload._Generator`); the life
+cycle (`lifecycle`) and the batch shape (`batch_shape`) count the corners they
+reach themselves.
 """
 
 from __future__ import annotations
@@ -91,10 +92,15 @@ class _CornerCounts:
         # CP sizes, the interleave), so no shift can stand in for a division.
         sizes = [*kernel, *(cfg.group_cp_size(g) for g in range(self.num_groups))]
         odd = bool(sizes) and all(x & (x - 1) for x in [*sizes, cfg.cp_interleave])
+        # One size alone is not a power of two, and a sloppy test (even, or no two adjacent
+        # bits set) takes it for one: 20 among powers of two flips the whole layout's path.
+        lone = {x for x in [*sizes, cfg.cp_interleave] if x & (x - 1)}
+        lone = len(lone) == 1 and all(x % 2 == 0 and x & (x >> 1) == 0 for x in lone)
         for req, n in scheduled:
             self.real_tokens += n
             c["giant_request_step"] += n > 8192
             c["no_power_of_two"] += n if odd else 0
+            c["lone_non_power_of_two"] += n if lone else 0
             for g in range(self.num_groups):
                 w, bs = self.reach[g], kernel[g]
                 if w and req.nct > w and (req.nct - w) % bs == 0:

@@ -355,8 +355,9 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
     Preset(
         name="groups-1",
         description="cp 2, one group: the single-table apply path (no fused writer); a "
-        "full batch of short requests filling the token buffer",
-        groups=(GroupSpec(16),),
+        "full batch of short requests filling the token buffer; block size 20, the layout's "
+        "one size that is not a power of two (even, no two adjacent bits set)",
+        groups=(GroupSpec(20),),
         cp_size=2,
         cp_interleave=2,
         num_steps=18,
@@ -371,6 +372,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         corners=frozenset(
             {
                 "one_group",
+                "lone_non_power_of_two",
                 "writes_past_max_reqs",
                 "two_appends_one_row",
                 "overflow_refused",

@@ -55,6 +55,7 @@ CORNERS = (
     "wide_row",
     "span_past_2_31",
     "no_power_of_two",
+    "lone_non_power_of_two",
     "full_batch",
     "full_step",
     "writes_past_max_reqs",
