@@ -10,13 +10,16 @@ every step. Per preset and rank, on a fresh instance built from the preset's
 own constructor arguments (the workload's instance never sleeps):
 
 1. the control: two rows far apart (`0` and `max_num_reqs - 1`) get blocks
-   in every group, by an overwrite and an append, and are applied; one
-   step's reads (`gather_block_tables` with a padded row,
-   `compute_slot_mappings` over the whole buffer, and
+   in every group, by an overwrite and an append, and are applied; a gather
+   of every row (`num_reqs_padded = max_num_reqs`) writes the whole
+   persistent tables, then one step's reads (`gather_block_tables` with a
+   padded row, `compute_slot_mappings` over the whole buffer, and
    `gather_and_compute_slot_mappings` where the implementation has it,
-   SPEC.md 8.2) are compared with the reference's. A difference, or an
-   error, here is no wake-up defect: the probe stops without a finding and
-   leaves it to the workload's checks, which name it by the check it breaks;
+   SPEC.md 8.2) are compared with the reference's, and the persistent rows
+   past the step's padded batch must be zero (left by the larger gather).
+   A difference, or an error, here is no wake-up defect: the probe stops
+   without a finding and leaves it to the workload's checks, which name it
+   by the check it breaks;
 2. `sleep.simulate_sleep` overwrites every device tensor the instance owns
    with garbage, in place (host truth is left alone);
 3. the wake-up: `init_block_table_layout_tensors()`; then no device tensor
@@ -26,7 +29,9 @@ own constructor arguments (the workload's instance never sleeps):
    tables and slot mappings keep their addresses (`sleep.moved`); then both
    rows re-appended with `overwrite=True` and applied;
 4. the same step's reads again, each way: every output must equal the
-   reference's, as it did before the sleep.
+   reference's, as it did before the sleep, and the persistent rows past the
+   padded batch must be zero again: without the sleep they would be, and the
+   step's gather need not touch them (the call before it wrote no more rows).
 
 Anything raised, kept, moved or different is check 11, naming what happened.
 An implementation without `init_block_table_layout_tensors` is reported as
@@ -106,6 +111,7 @@ def _before(impl, ref: ReferenceBlockTables, step: _Step, fused: bool) -> None:
               row, tuple(g[1:] for g in ids), False)  # fmt: skip
         ref.append_block_ids(row, ids, True)
     _call("apply_staged_writes before the sleep", impl.apply_staged_writes)
+    step.read(impl, "before the sleep", fused=False, padded=ref.rules.max_num_reqs)
     step.read(impl, "before the sleep", fused=False)
     if fused:
         step.read(impl, "before the sleep", fused=True)
@@ -167,9 +173,15 @@ class _Step:
         self.padded = min(len(self.batch) + 1, rules.max_num_reqs)  # one padded row when it fits
         self.num_tokens = max_tokens  # the whole buffer: the tail must be PAD_SLOT_ID
 
-    def read(self, impl, when: str, fused: bool) -> None:
-        """One step's reads through the separate calls or the fused one, checked."""
+    def read(self, impl, when: str, fused: bool, padded: int | None = None) -> None:
+        """One step's reads through the separate calls or the fused one, checked; with
+        `padded` (all rows) only the gather, which writes every persistent row."""
         d = self.device
+        if padded is not None:
+            idx = torch.tensor(self.batch, dtype=torch.int32, device=d)
+            _call(f"gather_block_tables of every row {when}", impl.gather_block_tables,
+                  idx, padded)  # fmt: skip
+            return
         idx = torch.tensor(self.batch, dtype=torch.int32, device=d)
         qsl = torch.tensor(self.qsl, dtype=torch.int32, device=d)
         pos = torch.tensor(self.positions, dtype=torch.int64, device=d)
@@ -186,6 +198,26 @@ class _Step:
             what = {"tables": "gather_block_tables", "slots": "compute_slot_mappings"}
         self._tables(tables, f"{what['tables']} {when}")
         self._slots(slots, f"{what['slots']} {when}")
+        if not fused:
+            self._rows_past_the_batch(impl, f"{what['tables']} {when}")
+
+    def _rows_past_the_batch(self, impl, what: str) -> None:
+        """Persistent rows `[padded, max_num_reqs)`: zeroed by the gather of every row
+        before, untouched since; nothing left by the sleep may show there."""
+        for g, t in enumerate(impl.input_block_tables):
+            rest = t[self.padded :].cpu().numpy()
+            bad = np.argwhere(rest != 0)
+            if len(bad):
+                r, j = (int(x) for x in bad[0])
+                raise _Found(
+                    f"after {what}, persistent row {self.padded + r} of group {g} (past the "
+                    f"padded batch, zeroed by an earlier gather of every row) is not zero "
+                    f"({len(bad)} entries)",
+                    "0",
+                    str(rest[r, j]),
+                    group=g,
+                    row=self.padded + r,
+                )
 
     def _tables(self, tables, what: str) -> None:
         expected = self.ref.gathered_block_tables(np.array(self.batch), self.padded)

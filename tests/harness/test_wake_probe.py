@@ -113,6 +113,7 @@ def test_a_derived_tensor_left_as_the_sleep_left_it_is_named():
         ),
         pytest.param("reallocates_forward_tables", "moved across the sleep", id="moved"),
         pytest.param("trusts_host_shadow", "after the wake-up: batch row", id="stale-rows"),
+        pytest.param("keeps_forward_tables", "past the padded batch", id="forward-tables"),
     ],
 )
 def test_every_wake_catalogue_defect_is_check_11(name, says):

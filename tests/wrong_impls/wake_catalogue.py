@@ -95,6 +95,19 @@ class ReallocatesForwardTables(BlockTables):
         super().init_block_table_layout_tensors()
 
 
+class KeepsForwardTables(BlockTables):
+    """Leaves the forward-pass tables as the sleep left them on wake-up (their dirty-row
+    count reset, as if they were zero): the first gather, smaller than one before the
+    sleep, leaves garbage in the persistent rows past its batch."""
+
+    def init_block_table_layout_tensors(self) -> None:
+        tables = self.__dict__.get("input_block_tables")
+        saved = None if tables is None else [t.clone() for t in tables]
+        super().init_block_table_layout_tensors()
+        for t, s in zip(self.input_block_tables, saved or [], strict=False):
+            t.copy_(s)
+
+
 class TrustsHostShadow(BlockTables):
     """Skips staging an overwrite whose ids equal what it staged for the row before (a host
     cache of device contents): the wake-up's re-appends stage nothing, rows keep the garbage."""
@@ -128,6 +141,8 @@ WAKE_CATALOGUE: dict[str, tuple[str, str]] = {
     "copies_stale_sizes": (f"{_MODULE}:CopiesStaleSizes", "rebuilt"),
     "reallocates_forward_tables": (f"{_MODULE}:ReallocatesForwardTables", "stable-addresses"),
     "trusts_host_shadow": (f"{_MODULE}:TrustsHostShadow", "6"),
+    # The drill's first serving stage runs verify's wake-up probe, which names it first.
+    "keeps_forward_tables": (f"{_MODULE}:KeepsForwardTables", "11"),
 }
 """name -> (`--impl` spec, the drill check, or SPEC.md section 6 check, that must report it)."""
 
