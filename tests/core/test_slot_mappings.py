@@ -97,6 +97,12 @@ CASES = [
         padded=40,
         pow2=False,
     ),
+    _case(  # 20 and 16 have no two adjacent bits set, yet 20 is no power of two
+        "cp2-i2-block-20-not-pow2",
+        _config(block_sizes=[20, 16], cp_size=2, cp_rank=1, cp_interleave=2),
+        [(2, 300, 7), (-1, 0, 2), (5, 41, 20), (0, 1000, 1)],
+        pow2=False,
+    ),
     _case(
         "cp2-positions-past-2**31",
         _config(block_sizes=[2**20], max_num_blocks_per_group=[2100], cp_size=2, cp_rank=1),
