@@ -248,6 +248,34 @@ def test_int64_index_tensors(torch_device, force_layout, layout):
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
 
 
+@pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
+@pytest.mark.parametrize(
+    ("requests", "first"),
+    [
+        pytest.param([], 5, id="no-requests"),
+        pytest.param([(-1, 0, 3), (2, 40, 2), (5, 7, 3)], 200, id="a-dummy-first"),
+    ],
+)
+def test_the_first_query_start_loc_entry_is_never_read(
+    torch_device, force_layout, layout, requests, first
+):
+    """Unchecked input (validation off): a `query_start_loc` that does not start at 0 (refused
+    when validating, docs/bad-input.md). Entry 0 starts at token 0 in both layouts whatever
+    `qsl[0]` holds, and a batch of no entries has no tokens: the slots are those of the same
+    batch with `qsl[0] = 0`. A `qsl[0]` of 200 lies past the CPU's one 128-token tile, where
+    reading it would end the search for the tile's last entry at entry 0."""
+    bt, ref = _build(torch_device, _config(), requests, 1)
+    bt.validate_inputs = False
+    idx, qsl, pos = _batch(requests, 2)
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    qsl[0] = first
+    force_layout(layout)
+    bt.slot_mappings.fill_(GARBAGE)
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 8)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
 # ------------------------------------------------------------------ past a request program's reach
 
 REACH_CONFIG = _config(
