@@ -327,6 +327,28 @@ def test_a_short_step_in_a_buffer_past_a_request_programs_reach_pads_every_entry
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
 
 
+@pytest.mark.parametrize("entries", [1, 4], ids=["first-entry", "every-entry"])
+def test_a_request_program_writes_only_its_own_entrys_tokens(entries):
+    """Request programs run side by side on a GPU: program `(b, g)` may write only tokens
+    `[qsl[b], qsl[b + 1])` of group `g`, or it races with the program of the next entry (or
+    with the tail programs). The interpreter runs programs in order, so a later one would
+    overwrite an overrun: here only the request programs of the first `entries` entries run
+    (no tail programs), over a buffer of garbage that every other token must keep."""
+    requests = [(3, 50, 4), (-1, 0, 2), (1, 0, 40), (6, 77, 1)]
+    bt, ref = _build(torch.device("cpu"), _config(), requests, 1)
+    idx, qsl, pos = _batch(requests, 2)
+    launch = bt._slot_plan.pick.__self__
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    expected[:, qsl[entries] :] = GARBAGE
+    idx_t, qsl_t, pos_t = (torch.from_numpy(a) for a in (idx, qsl, pos))
+    bt.slot_mappings.fill_(GARBAGE)
+    slot_mappings._compute_slot_mappings_kernel.launch(
+        torch.device("cpu"), (entries * launch.num_groups,), idx_t, len(idx), bt.max_num_reqs,
+        qsl_t, pos_t, pos_t.shape[0], *bt._slot_plan.tail, **launch.request_meta,
+    )  # fmt: skip
+    np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
+
+
 # ------------------------------------------------------------------ inputs that end at a page
 
 _AT_PAGE_END = textwrap.dedent(
