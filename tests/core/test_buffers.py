@@ -8,6 +8,7 @@ import torch
 
 from cp_blocktables import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor, UvaBufferPool
 from cp_blocktables._jit import launch_counts
+from cp_blocktables.buffers import uva_view
 
 
 def test_pool_round_robin_keeps_earlier_buffers(torch_device):
@@ -89,6 +90,58 @@ def test_pool_reuses_a_buffer_only_after_its_readers(stand_in_events, readers_do
     assert third.data_ptr() == first.data_ptr()
     waited = [event for what, event in stand_in_events if what == "synchronize"]
     assert waited == ([mark] if waits else [])
+
+
+class _HostArray:
+    """numpy's array interface over the memory a CUDA array interface names."""
+
+    def __init__(self, cai: dict) -> None:
+        self.__array_interface__ = {**cai, "version": 3}
+
+
+@pytest.fixture
+def host_uva(monkeypatch) -> list:
+    """Unified addressing on the host; returns every CUDA array interface torch was given.
+
+    A non-empty host tensor counts as pinned (an empty allocation never is), and
+    `torch.as_tensor` reads a `__cuda_array_interface__` as torch does on CUDA: it refuses
+    the read-only flag (`TypeError`), ignores `version`, and names the very memory given,
+    here through numpy's array interface instead of a device pointer.
+    """
+    given: list = []
+    as_tensor = torch.as_tensor
+
+    def reading_cuda_arrays(data, dtype=None, device=None):
+        cai = getattr(data, "__cuda_array_interface__", None)
+        if cai is None:
+            return as_tensor(data, dtype=dtype, device=device)
+        given.append(cai)
+        if cai["data"][1]:
+            raise TypeError("the read only flag is not supported, should always be False")
+        return torch.from_numpy(np.asarray(_HostArray(cai)))
+
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, device=None: self.numel() > 0)
+    monkeypatch.setattr(torch, "as_tensor", reading_cuda_arrays)
+    return given
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (0, 4), (2, 3)], ids=["one-element", "empty", "small"])
+def test_a_uva_view_is_the_pinned_buffer_itself(host_uva, shape):
+    """The CUDA path of `uva_view`, run on the host with torch's reading of the CUDA array
+    interface stood in (the GPU test is
+    `test_cuda.py::test_uva_views_of_any_size_alias_their_host_buffer`): a non-empty pinned
+    buffer is named, not copied, so a host write reaches the view (SPEC.md 4: a zero-copy
+    device view of pinned host memory); an empty one has nothing to name and still gives
+    a view of its shape."""
+    host = torch.full(shape, 7, dtype=torch.int32)
+    view = uva_view(host, torch.device("cpu"))
+    assert tuple(view.shape) == shape and view.dtype == torch.int32
+    if host.numel():
+        assert len(host_uva) == 1 and view.data_ptr() == host.data_ptr()
+        host.fill_(9)
+        assert int(view.sum()) == 9 * host.numel()
+    else:
+        assert host_uva == []
 
 
 def test_pool_copy_to_gpu_is_a_device_copy(torch_device):
