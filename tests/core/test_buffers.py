@@ -144,6 +144,16 @@ def test_a_uva_view_is_the_pinned_buffer_itself(host_uva, shape):
         assert host_uva == []
 
 
+def test_a_pool_keeps_two_snapshots_by_default(torch_device):
+    """SPEC.md 4: `UvaBufferPool(size, dtype, max_concurrency=2)`: a view stays intact for
+    one more publish (`UvaBackedTensor` passes its own count; this is the pool's default)."""
+    pool = UvaBufferPool(4, torch.int32, device=torch_device)
+    first = pool.copy_to_uva([1, 2])
+    second = pool.copy_to_uva([3, 4])
+    assert first.tolist() == [1, 2] and second.tolist() == [3, 4]
+    assert pool.copy_to_uva([5, 6]).data_ptr() == first.data_ptr()
+
+
 def test_pool_copy_to_gpu_is_a_device_copy(torch_device):
     pool = UvaBufferPool(4, torch.float32, device=torch_device)
     out = torch.zeros(3, device=torch_device)
