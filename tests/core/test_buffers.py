@@ -212,6 +212,29 @@ def test_staged_writes_apply_in_one_launch(torch_device, dtype):
     )
 
 
+@pytest.mark.parametrize("staged_before", [0, 300], ids=["nothing-before", "300-elements-before"])
+def test_an_empty_write_stages_nothing(torch_device, staged_before):
+    """`stage_write` of no values leaves SPEC.md 4's staged lists as they were, also behind
+    more elements than Python keeps one int object for; with nothing else staged,
+    `apply_write` then launches nothing (docs/contract-notes.md: nothing staged, no launch)."""
+    t = StagedWriteTensor((2, 400), torch.int32, torch_device)
+    if staged_before:
+        t.stage_write(0, 0, range(staged_before))
+    lists = (
+        t._staged_write_indices,
+        t._staged_write_starts,
+        t._staged_write_contents,
+        t._staged_write_cu_lens,
+    )
+    before = [list(x) for x in lists]
+    t.stage_write(1, 5, [])
+    assert [list(x) for x in lists] == before
+    launches = launch_counts["_apply_writes_kernel"]
+    t.apply_write()
+    assert launch_counts["_apply_writes_kernel"] == launches + (1 if staged_before else 0)
+    assert t.gpu[0, :staged_before].tolist() == list(range(staged_before))
+
+
 def test_staged_write_elem_on_1d(torch_device):
     t = StagedWriteTensor(6, torch.int64, torch_device)
     t.stage_write_elem(4, 2**40)
