@@ -8,6 +8,7 @@ import torch
 
 from cp_blocktables import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor, UvaBufferPool
 from cp_blocktables._jit import launch_counts
+from cp_blocktables.buffers import uva_view
 
 
 def test_pool_round_robin_keeps_earlier_buffers(torch_device):
@@ -91,6 +92,68 @@ def test_pool_reuses_a_buffer_only_after_its_readers(stand_in_events, readers_do
     assert waited == ([mark] if waits else [])
 
 
+class _HostArray:
+    """numpy's array interface over the memory a CUDA array interface names."""
+
+    def __init__(self, cai: dict) -> None:
+        self.__array_interface__ = {**cai, "version": 3}
+
+
+@pytest.fixture
+def host_uva(monkeypatch) -> list:
+    """Unified addressing on the host; returns every CUDA array interface torch was given.
+
+    A non-empty host tensor counts as pinned (an empty allocation never is), and
+    `torch.as_tensor` reads a `__cuda_array_interface__` as torch does on CUDA: it refuses
+    the read-only flag (`TypeError`), ignores `version`, and names the very memory given,
+    here through numpy's array interface instead of a device pointer.
+    """
+    given: list = []
+    as_tensor = torch.as_tensor
+
+    def reading_cuda_arrays(data, dtype=None, device=None):
+        cai = getattr(data, "__cuda_array_interface__", None)
+        if cai is None:
+            return as_tensor(data, dtype=dtype, device=device)
+        given.append(cai)
+        if cai["data"][1]:
+            raise TypeError("the read only flag is not supported, should always be False")
+        return torch.from_numpy(np.asarray(_HostArray(cai)))
+
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, device=None: self.numel() > 0)
+    monkeypatch.setattr(torch, "as_tensor", reading_cuda_arrays)
+    return given
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (0, 4), (2, 3)], ids=["one-element", "empty", "small"])
+def test_a_uva_view_is_the_pinned_buffer_itself(host_uva, shape):
+    """The CUDA path of `uva_view`, run on the host with torch's reading of the CUDA array
+    interface stood in (the GPU test is
+    `test_cuda.py::test_uva_views_of_any_size_alias_their_host_buffer`): a non-empty pinned
+    buffer is named, not copied, so a host write reaches the view (SPEC.md 4: a zero-copy
+    device view of pinned host memory); an empty one has nothing to name and still gives
+    a view of its shape."""
+    host = torch.full(shape, 7, dtype=torch.int32)
+    view = uva_view(host, torch.device("cpu"))
+    assert tuple(view.shape) == shape and view.dtype == torch.int32
+    if host.numel():
+        assert len(host_uva) == 1 and view.data_ptr() == host.data_ptr()
+        host.fill_(9)
+        assert int(view.sum()) == 9 * host.numel()
+    else:
+        assert host_uva == []
+
+
+def test_a_pool_keeps_two_snapshots_by_default(torch_device):
+    """SPEC.md 4: `UvaBufferPool(size, dtype, max_concurrency=2)`: a view stays intact for
+    one more publish (`UvaBackedTensor` passes its own count; this is the pool's default)."""
+    pool = UvaBufferPool(4, torch.int32, device=torch_device)
+    first = pool.copy_to_uva([1, 2])
+    second = pool.copy_to_uva([3, 4])
+    assert first.tolist() == [1, 2] and second.tolist() == [3, 4]
+    assert pool.copy_to_uva([5, 6]).data_ptr() == first.data_ptr()
+
+
 def test_pool_copy_to_gpu_is_a_device_copy(torch_device):
     pool = UvaBufferPool(4, torch.float32, device=torch_device)
     out = torch.zeros(3, device=torch_device)
@@ -147,6 +210,29 @@ def test_staged_writes_apply_in_one_launch(torch_device, dtype):
         or t._staged_write_starts
         or t._staged_write_cu_lens
     )
+
+
+@pytest.mark.parametrize("staged_before", [0, 300], ids=["nothing-before", "300-elements-before"])
+def test_an_empty_write_stages_nothing(torch_device, staged_before):
+    """`stage_write` of no values leaves SPEC.md 4's staged lists as they were, also behind
+    more elements than Python keeps one int object for; with nothing else staged,
+    `apply_write` then launches nothing (docs/contract-notes.md: nothing staged, no launch)."""
+    t = StagedWriteTensor((2, 400), torch.int32, torch_device)
+    if staged_before:
+        t.stage_write(0, 0, range(staged_before))
+    lists = (
+        t._staged_write_indices,
+        t._staged_write_starts,
+        t._staged_write_contents,
+        t._staged_write_cu_lens,
+    )
+    before = [list(x) for x in lists]
+    t.stage_write(1, 5, [])
+    assert [list(x) for x in lists] == before
+    launches = launch_counts["_apply_writes_kernel"]
+    t.apply_write()
+    assert launch_counts["_apply_writes_kernel"] == launches + (1 if staged_before else 0)
+    assert t.gpu[0, :staged_before].tolist() == list(range(staged_before))
 
 
 def test_staged_write_elem_on_1d(torch_device):

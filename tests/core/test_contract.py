@@ -66,6 +66,7 @@ GOOD = dict(
             id="negative-reach",
         ),
         pytest.param(dict(device="gpu0"), "device 'gpu0'", id="bad-device"),
+        pytest.param(dict(device=None), "device None", id="no-device"),
     ],
 )
 def test_constructor_refuses(overrides, message):

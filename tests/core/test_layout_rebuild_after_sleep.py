@@ -11,9 +11,11 @@ the same calls.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from cp_blocktables import BlockTables
+from cp_blocktables import BlockTables, BlockTablesConfig
+from cp_blocktables.reference import ReferenceBlockTables
 
 CONFIG = dict(
     block_sizes=[8, 4, 16],
@@ -182,6 +184,33 @@ def test_wake_up_behaves_as_if_no_sleep_happened(torch_device):
         want = step(fresh, torch_device, idx, lens, start, padded, nct, fused)
         assert_same(got, want)
         assert_same(state(bt), state(fresh))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["gather", "fused"])
+def test_rows_a_larger_batch_left_before_the_sleep_are_zeroed_after_it(torch_device, fused):
+    """SPEC.md 3: a gather into the persistent tables zeroes the rows the previous call
+    wrote past its own batch; SPEC.md 8.4: after the wake-up every method behaves as if no
+    sleep happened. So the rows a batch of 5 wrote before the sleep must be zero after the
+    first, smaller, gather that follows the wake-up (as the reference has them), not hold
+    what the sleep left there."""
+    bt = BlockTables(device=torch_device, **CONFIG)
+    ref = ReferenceBlockTables(BlockTablesConfig(**CONFIG))
+    for r, ids in LIVE.items():
+        bt.append_block_ids(r, ids, True)
+        ref.append_block_ids(r, ids, True)
+    bt.apply_staged_writes()
+    step(bt, torch_device, [4, 0, 2, -1], [1, 1, 1, 1], [0, 0, 0, 0], 5, [0] * 5, fused)
+    sleep(bt, seed=3)
+    bt.init_block_table_layout_tensors()
+    for r, ids in LIVE.items():
+        bt.append_block_ids(r, ids, True)
+    bt.apply_staged_writes()
+    step(bt, torch_device, [2], [1], [0], 2, [0] * 5, fused)
+    # the rows this call must leave right: the larger of its 2 and the 5 written before
+    expected = ref.gathered_block_tables(np.array([2]), CONFIG["max_num_reqs"])
+    for got, (values, defined) in zip(bt.input_block_tables, expected):
+        got = got.cpu().numpy().astype(np.int64)
+        np.testing.assert_array_equal(got[defined], values[defined])
 
 
 def test_layout_tensors_are_rebuilt_from_host_config(torch_device):

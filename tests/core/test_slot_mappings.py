@@ -97,6 +97,12 @@ CASES = [
         padded=40,
         pow2=False,
     ),
+    _case(  # 20 and 16 have no two adjacent bits set, yet 20 is no power of two
+        "cp2-i2-block-20-not-pow2",
+        _config(block_sizes=[20, 16], cp_size=2, cp_rank=1, cp_interleave=2),
+        [(2, 300, 7), (-1, 0, 2), (5, 41, 20), (0, 1000, 1)],
+        pow2=False,
+    ),
     _case(
         "cp2-positions-past-2**31",
         _config(block_sizes=[2**20], max_num_blocks_per_group=[2100], cp_size=2, cp_rank=1),
@@ -242,6 +248,34 @@ def test_int64_index_tensors(torch_device, force_layout, layout):
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
 
 
+@pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
+@pytest.mark.parametrize(
+    ("requests", "first"),
+    [
+        pytest.param([], 5, id="no-requests"),
+        pytest.param([(-1, 0, 3), (2, 40, 2), (5, 7, 3)], 200, id="a-dummy-first"),
+    ],
+)
+def test_the_first_query_start_loc_entry_is_never_read(
+    torch_device, force_layout, layout, requests, first
+):
+    """Unchecked input (validation off): a `query_start_loc` that does not start at 0 (refused
+    when validating, docs/bad-input.md). Entry 0 starts at token 0 in both layouts whatever
+    `qsl[0]` holds, and a batch of no entries has no tokens: the slots are those of the same
+    batch with `qsl[0] = 0`. A `qsl[0]` of 200 lies past the CPU's one 128-token tile, where
+    reading it would end the search for the tile's last entry at entry 0."""
+    bt, ref = _build(torch_device, _config(), requests, 1)
+    bt.validate_inputs = False
+    idx, qsl, pos = _batch(requests, 2)
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    qsl[0] = first
+    force_layout(layout)
+    bt.slot_mappings.fill_(GARBAGE)
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 8)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
 # ------------------------------------------------------------------ past a request program's reach
 
 REACH_CONFIG = _config(
@@ -291,6 +325,28 @@ def test_a_short_step_in_a_buffer_past_a_request_programs_reach_pads_every_entry
     bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 16)
     expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
+@pytest.mark.parametrize("entries", [1, 4], ids=["first-entry", "every-entry"])
+def test_a_request_program_writes_only_its_own_entrys_tokens(entries):
+    """Request programs run side by side on a GPU: program `(b, g)` may write only tokens
+    `[qsl[b], qsl[b + 1])` of group `g`, or it races with the program of the next entry (or
+    with the tail programs). The interpreter runs programs in order, so a later one would
+    overwrite an overrun: here only the request programs of the first `entries` entries run
+    (no tail programs), over a buffer of garbage that every other token must keep."""
+    requests = [(3, 50, 4), (-1, 0, 2), (1, 0, 40), (6, 77, 1)]
+    bt, ref = _build(torch.device("cpu"), _config(), requests, 1)
+    idx, qsl, pos = _batch(requests, 2)
+    launch = bt._slot_plan.pick.__self__
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    expected[:, qsl[entries] :] = GARBAGE
+    idx_t, qsl_t, pos_t = (torch.from_numpy(a) for a in (idx, qsl, pos))
+    bt.slot_mappings.fill_(GARBAGE)
+    slot_mappings._compute_slot_mappings_kernel.launch(
+        torch.device("cpu"), (entries * launch.num_groups,), idx_t, len(idx), bt.max_num_reqs,
+        qsl_t, pos_t, pos_t.shape[0], *bt._slot_plan.tail, **launch.request_meta,
+    )  # fmt: skip
+    np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
 
 
 # ------------------------------------------------------------------ inputs that end at a page
@@ -365,6 +421,7 @@ def test_inputs_that_end_at_an_unreadable_page_are_read_within_bounds(host_tile,
         pytest.param(256, 8192, 1024, True, id="mixed-8192-tokens-256-requests"),
         pytest.param(128, 8192, 1024, True, id="average-64-tokens"),
         pytest.param(128, 8193, 1024, False, id="past-8192-tokens"),
+        pytest.param(256, 8193, 1024, False, id="past-8192-tokens-256-requests"),
         pytest.param(127, 8192, 1024, False, id="average-past-64-tokens"),
         pytest.param(1, 8192, 1024, False, id="lone-prefill"),
         pytest.param(1, 64, 1024, True, id="one-short-request"),
@@ -472,6 +529,27 @@ def test_a_gpus_constants_map_as_the_reference_on_cpu(layout):
     )  # fmt: skip
     expected = ref.slot_mappings(idx, qsl, pos, out_len)
     np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
+
+
+def test_a_gpus_search_depth_finds_every_entry_on_cpu():
+    """The GPU's search depth for `max_num_reqs = 32` (6 steps, rounded up to 8), run by the
+    interpreter over one 512-token tile that spans 20 entries: a depth short of
+    `bit_length(num_reqs)` leaves later entries' tokens with an earlier entry's row."""
+    config = _config(max_num_reqs=32, max_num_batched_tokens=600)
+    requests = [((7 * b) % 32 if b % 5 else -1, 30 * b, 1 + b % 3) for b in range(20)]
+    bt, ref = _build(torch.device("cpu"), config, requests, 1)
+    idx, qsl, pos = _batch(requests, bt.num_kv_cache_groups)
+    out_len = bt.max_num_batched_tokens
+    gpu = slot_mappings._SlotLaunch(False, bt.num_kv_cache_groups, out_len, bt._layout, 1, 32)
+    idx_t, qsl_t, pos_t = (torch.from_numpy(a) for a in (idx, qsl, pos))
+    bt.slot_mappings.fill_(GARBAGE)
+    slot_mappings._compute_slot_mappings_kernel.launch(
+        torch.device("cpu"), (gpu.tiles,), idx_t, len(idx), 32, qsl_t, pos_t, pos_t.shape[0],
+        *bt._slot_plan.tail, **gpu.tile_meta,
+    )  # fmt: skip
+    expected = ref.slot_mappings(idx, qsl, pos, out_len)
+    np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
+    assert gpu.tile_meta["SEARCH_STEPS"] == 8
 
 
 def _compiled_ttir(by_request: bool, pow2: bool, pos32: bool) -> str:
