@@ -348,3 +348,21 @@ def test_checks_off_run_no_check_code(torch_device, monkeypatch):
     bt.gather_block_tables(ints([0], torch_device), 1)
     slots(bt, [0], [0, 1], [3])
 
+
+def test_counts_reach_a_cuda_device_through_pinned_memory(monkeypatch):
+    """The module's cost model: the host counts reach a CUDA device by a non-blocking copy
+    from pinned memory, so the check adds no synchronisation before its one read-back. Run
+    on the host: a stand-in for `pin_memory` records the copy a CUDA device would get."""
+    copies = []
+
+    class Pinned:
+        def to(self, device, non_blocking=False):
+            copies.append((device, non_blocking))
+            return "on the device"
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: Pinned())
+    cuda = torch.device("cuda", 0)
+    assert integrity._to_device(np.array([[1, 2]]), cuda) == "on the device"
+    assert copies == [(cuda, True)]
+    on_host = integrity._to_device([3, 4], torch.device("cpu"))  # no pinning on the host
+    assert on_host.dtype == torch.int64 and on_host.tolist() == [3, 4] and copies == [(cuda, True)]
