@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from cp_blocktables import (
     StagedWriteTensor,
     UvaBackedTensor,
     UvaBufferPool,
+    guards,
 )
 from cp_blocktables.guards import OutOfRangeError
 
@@ -432,3 +434,23 @@ def test_tensors_on_another_device_are_refused(torch_device, case):
     ):
         bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
     assert all(int(t.abs().sum()) == 0 for t in out)
+
+
+@pytest.mark.parametrize(
+    "device, tensor_on, same",
+    [
+        pytest.param("cuda", "cuda:0", True, id="cuda-takes-cuda:0"),
+        pytest.param("cuda", "cuda:1", True, id="cuda-takes-cuda:1"),
+        pytest.param("cuda:1", "cuda:1", True, id="cuda:1-takes-cuda:1"),
+        pytest.param("cuda:1", "cuda:0", False, id="cuda:1-refuses-cuda:0"),
+        pytest.param("cuda", "cpu", False, id="cuda-refuses-cpu"),
+        pytest.param("cpu", "cpu", True, id="cpu-takes-cpu"),
+        pytest.param("cpu", "cuda:0", False, id="cpu-refuses-cuda:0"),
+    ],
+)
+def test_the_device_rule_of_the_guards(device, tensor_on, same):
+    """`cuda` without an index takes a tensor on any CUDA device (the caller set the current
+    one), `cuda:i` only those on `cuda:i`. A stand-in holding only `.device` plays the CUDA
+    tensor, so the rule that a GPU run applies to every table is checked on any machine."""
+    t = SimpleNamespace(device=torch.device(tensor_on))
+    assert guards.same_device(t, torch.device(device)) is same

@@ -331,6 +331,15 @@ def test_fused_writer_one_launch_for_all_tensors(torch_device):
     assert all(not t._staged_write_indices for t in tensors)
 
 
+def test_fused_writer_over_no_tensors_applies_nothing(torch_device):
+    """SPEC.md 4: `apply` applies every staged write of every tensor given; given none, there
+    is nothing to apply: no error and no launch (as with tensors that have nothing staged)."""
+    none_i64 = torch.zeros(0, dtype=torch.int64, device=torch_device)
+    before = sum(launch_counts.values())
+    FusedStagedWriter(torch_device, max_writes=0).apply([], none_i64.to(torch.uint64), none_i64)
+    assert sum(launch_counts.values()) == before
+
+
 def test_fused_writer_refuses_mixed_dtypes():
     tensors = [StagedWriteTensor(2, torch.int32, "cpu"), StagedWriteTensor(2, torch.int64, "cpu")]
     with pytest.raises(ValueError, match="one dtype"):

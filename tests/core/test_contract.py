@@ -203,6 +203,11 @@ I64 = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
             id="qsl-length",
         ),
         pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1, 1), I32(0, 3), I64(0, 1, 2), 3),
+            "query_start_loc must have 3 entries, got 2",
+            id="qsl-short",
+        ),
+        pytest.param(
             lambda t: t.compute_slot_mappings(I32(1, 1), I32(0, 3, 2), I64(0, 1, 2), 3),
             "never decrease",
             id="qsl-decreasing",

@@ -144,3 +144,16 @@ def test_tables_on_a_device_that_is_not_current():
     )
     assert slots.tolist() == [[20, 25], [56, 61]]
     assert bt.gather_block_tables(torch.tensor([1], **on), 1)[0][0, :2].tolist() == [5, 6]
+
+
+def test_integrity_counts_reach_the_device_without_a_synchronisation():
+    """`integrity._to_device` copies the host counts from pinned memory, non-blocking: under
+    torch's sync debug mode a pageable (synchronous) copy would raise."""
+    from cp_blocktables import integrity
+
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        t = integrity._to_device([[1, 2, 3]], torch.device("cuda"))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert t.is_cuda and t.cpu().tolist() == [[1, 2, 3]]

@@ -71,6 +71,33 @@ def test_a_token_at_slot_0_is_not_named_as_negative(torch_device):
     assert "group 0: slot 40 is shared by token 1 (batch entry 0, row 1) and token 2" in text
 
 
+def test_slot_faults_are_named_up_to_8_of_each_kind(torch_device):
+    """docs/contract-notes.md: up to 8 of each kind are named; the count says how many.
+    Group 0: ten negative slots (tokens 0..9) and ten slots each shared by two tokens."""
+    d = torch_device
+    negative = [-2 - t for t in range(10)]
+    shared = [100 + k for k in range(10) for _ in range(2)]
+    s = ints([negative + shared], d, torch.int64)
+    text = integrity.explain_slot_mapping_faults(s, ints([0, 30], d), ints([0], d), None, [16])
+    assert text.count("has negative slot") == 8
+    assert "group 0: 10 token(s) share a slot with an earlier one" in text
+    assert text.count("is shared by") == 8
+
+
+def test_gather_faults_are_named_up_to_8_of_each_kind(torch_device):
+    """docs/contract-notes.md: up to 8 of each kind are named. Ten batch rows, each with a
+    stale count and an entry that differs from its source."""
+    d = torch_device
+    src = [ints([[r + 1] for r in range(10)], d)]
+    out = [ints([[99]] * 10, d)]
+    idx = ints(list(range(10)), d)
+    truth = np.ones((1, 10), dtype=np.int32)
+    published = ints([[2] * 10], d)
+    text = integrity.explain_gather_faults(out, src, idx, published, truth, [16], [0])
+    assert text.count("(stale count)") == 8
+    assert text.count("differs from its source") == 8
+
+
 def test_null_block_slots_may_be_shared(torch_device):
     bt = make(torch_device)
     bt.redirect_writes_to_null_block = True  # a warm-up: every id becomes block 0
@@ -320,3 +347,22 @@ def test_checks_off_run_no_check_code(torch_device, monkeypatch):
     bt.apply_staged_writes()
     bt.gather_block_tables(ints([0], torch_device), 1)
     slots(bt, [0], [0, 1], [3])
+
+
+def test_counts_reach_a_cuda_device_through_pinned_memory(monkeypatch):
+    """The module's cost model: the host counts reach a CUDA device by a non-blocking copy
+    from pinned memory, so the check adds no synchronisation before its one read-back. Run
+    on the host: a stand-in for `pin_memory` records the copy a CUDA device would get."""
+    copies = []
+
+    class Pinned:
+        def to(self, device, non_blocking=False):
+            copies.append((device, non_blocking))
+            return "on the device"
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: Pinned())
+    cuda = torch.device("cuda", 0)
+    assert integrity._to_device(np.array([[1, 2]]), cuda) == "on the device"
+    assert copies == [(cuda, True)]
+    on_host = integrity._to_device([3, 4], torch.device("cpu"))  # no pinning on the host
+    assert on_host.dtype == torch.int64 and on_host.tolist() == [3, 4] and copies == [(cuda, True)]
