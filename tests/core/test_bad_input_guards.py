@@ -241,6 +241,16 @@ def test_stage_write_names_the_value_that_does_not_fit(torch_device, dtype, valu
     assert staged(t) == ([], [], [], [])
 
 
+def test_stage_write_accepts_the_float32_extremes(torch_device):
+    """The largest finite float32 and its negative fit a float32 tensor: only what lies
+    beyond them overflows."""
+    big = float(np.finfo(np.float32).max)
+    t = StagedWriteTensor((1, 3), torch.float32, torch_device)
+    t.stage_write(0, 0, [-big, 0.0, big])
+    t.apply_write()
+    assert t.gpu.cpu().tolist() == [[-big, 0.0, big]]
+
+
 # ---------------------------------------------------------------- pools and UVA tensors
 
 
