@@ -375,6 +375,17 @@ def test_pointer_errors_print_the_exact_address():
         bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
 
 
+@pytest.mark.parametrize("dtype", [torch.uint64, torch.int64], ids=["uint64", "int64"])
+def test_pointer_errors_print_a_high_address_unsigned(dtype):
+    """An address with its top bit set (an int64 view below 0) prints as the uint64 it is."""
+    bt = _bt_with_rows("cpu")
+    out = [torch.zeros((4, w), dtype=torch.int32) for w in (8, 4)]
+    ptrs = torch.tensor([-15, out[1].data_ptr()], dtype=torch.int64).view(dtype)
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"out_ptrs\[0\] = {2**64 - 15:#x} but out\[0\]"):
+        bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
+
+
 def test_cpu_pointers_are_checked_on_every_call_even_when_rewritten_in_place():
     """On CPU nothing is cached: a write through numpy does not bump the tensor's version."""
     bt = _bt_with_rows("cpu")
