@@ -6,6 +6,7 @@ stay staged, tables and outputs keep their contents.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -213,23 +214,43 @@ def test_stage_write_accepts_every_value_of_an_int_dtype(torch_device, dtype, lo
 
 
 @pytest.mark.parametrize(
-    "dtype, values, match",
+    "dtype, values, message",
     [
         pytest.param(
-            torch.int32, [7, -(2**31) - 1], "row 0: -2147483649 does not fit torch.int32",
+            torch.int32, [7, -(2**31) - 1],
+            "row 0: -2147483649 does not fit torch.int32 [-2147483648, 2147483647]",
             id="int32-low-beside-a-fit",
         ),
         pytest.param(
-            torch.int64, [-(2**63) - 1], "row 0: -9223372036854775809 does not fit torch.int64",
+            torch.int64, [-(2**63) - 1],
+            "row 0: -9223372036854775809 does not fit torch.int64 "
+            "[-9223372036854775808, 9223372036854775807]",
             id="int64-below-min",
+        ),
+        pytest.param(
+            torch.int32, [-(2**31), 2**31],
+            "row 0: 2147483648 does not fit torch.int32 [-2147483648, 2147483647]",
+            id="int32-high-beside-the-min",
         ),
     ],
 )  # fmt: skip
-def test_stage_write_names_the_value_that_does_not_fit(torch_device, dtype, values, match):
+def test_stage_write_names_the_value_that_does_not_fit(torch_device, dtype, values, message):
+    """The message names the offending value (not a neighbour that fits, not the dtype's
+    own minimum) and the dtype's range, as docs/bad-input.md shows it."""
     t = StagedWriteTensor((2, 4), dtype, torch_device)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=re.escape(message)):
         t.stage_write(0, 0, values)
     assert staged(t) == ([], [], [], [])
+
+
+def test_stage_write_accepts_the_float32_extremes(torch_device):
+    """The largest finite float32 and its negative fit a float32 tensor: only what lies
+    beyond them overflows."""
+    big = float(np.finfo(np.float32).max)
+    t = StagedWriteTensor((1, 3), torch.float32, torch_device)
+    t.stage_write(0, 0, [-big, 0.0, big])
+    t.apply_write()
+    assert t.gpu.cpu().tolist() == [[-big, 0.0, big]]
 
 
 # ---------------------------------------------------------------- pools and UVA tensors
@@ -353,6 +374,17 @@ def test_pointer_errors_print_the_exact_address():
     ptrs[0] = out[0].data_ptr() + 1  # odd: every bit of the address shows in the message
     idx = torch.tensor([2, 0], dtype=torch.int32)
     with pytest.raises(ValueError, match=rf"out_ptrs\[0\] = {out[0].data_ptr() + 1:#x} but"):
+        bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint64, torch.int64], ids=["uint64", "int64"])
+def test_pointer_errors_print_a_high_address_unsigned(dtype):
+    """An address with its top bit set (an int64 view below 0) prints as the uint64 it is."""
+    bt = _bt_with_rows("cpu")
+    out = [torch.zeros((4, w), dtype=torch.int32) for w in (8, 4)]
+    ptrs = torch.tensor([-15, out[1].data_ptr()], dtype=torch.int64).view(dtype)
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"out_ptrs\[0\] = {2**64 - 15:#x} but out\[0\]"):
         bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
 
 

@@ -7,7 +7,7 @@ import ctypes
 import pytest
 import torch
 
-from cp_blocktables import BlockTables, UvaBackedTensor, UvaBufferPool
+from cp_blocktables import BlockTables, UvaBackedTensor, UvaBufferPool, guards
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -157,3 +157,33 @@ def test_integrity_counts_reach_the_device_without_a_synchronisation():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert t.is_cuda and t.cpu().tolist() == [[1, 2, 3]]
+
+
+def test_verified_address_tensors_are_not_read_again(monkeypatch):
+    """The guards' module doc: a CUDA pointer tensor verified once is remembered with its
+    version and values, so checking the same tensors again (two, as `FusedStagedWriter`
+    checks pointers and strides) reads neither of them: no synchronisation."""
+    monkeypatch.setattr(guards, "_verified", {})  # not near its limit from earlier tests
+    cuda = torch.device("cuda")
+    wants = [[0x1000, 0x2000], [8, 4]]
+    tensors = [torch.tensor(w, dtype=torch.int64, device=cuda) for w in wants]
+    for t, w in zip(tensors, wants):
+        guards.check_address_tensor(t, w, "ptrs", "want[{i}]", cuda)  # read and remembered
+    torch.cuda.set_sync_debug_mode("error")  # a host read of a CUDA tensor now raises
+    try:
+        for t, w in zip(tensors, wants):
+            guards.check_address_tensor(t, w, "ptrs", "want[{i}]", cuda)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def test_remembered_address_tensors_fill_the_cache_but_never_pass_its_limit(monkeypatch):
+    """The cache of verified CUDA pointer tensors grows to `_CACHE_LIMIT` entries, no more."""
+    monkeypatch.setattr(guards, "_verified", {})
+    cuda = torch.device("cuda")
+    tensors = [torch.tensor([i], dtype=torch.int64, device=cuda) for i in range(130)]
+    sizes = []
+    for i, t in enumerate(tensors):
+        guards.check_address_tensor(t, [i], "ptrs", "want[{i}]", cuda)
+        sizes.append(len(guards._verified))
+    assert max(sizes) == guards._CACHE_LIMIT
