@@ -199,6 +199,24 @@ def test_stage_write_accepts_what_fits(torch_device):
 
 
 @pytest.mark.parametrize(
+    "rows, index",
+    [
+        pytest.param(3, 4, id="two-past-the-end"),
+        pytest.param(3, 100, id="far-past-the-end"),
+        pytest.param(300, 300, id="one-past-a-tall-tensor"),
+    ],
+)
+def test_stage_write_refuses_every_row_past_the_end(torch_device, rows, index):
+    """Not only the first row past the end: every row from `rows` on is outside the tensor
+    (row numbers above 256 are distinct int objects, so the check must compare values)."""
+    t = StagedWriteTensor((rows, 2), torch.int32, torch_device)
+    match = rf"staged write at row {index}, columns \[0, 1\) is outside \({rows}, 2\)"
+    with pytest.raises(OutOfRangeError, match=match):
+        t.stage_write(index, 0, [5])
+    assert staged(t) == ([], [], [], [])
+
+
+@pytest.mark.parametrize(
     "dtype, lo, hi",
     [
         pytest.param(torch.int32, -(2**31), 2**31 - 1, id="int32"),
@@ -429,7 +447,12 @@ def test_one_row_outputs_are_accepted_whatever_their_row_stride(torch_device):
         ("table", lambda t: t.to(torch.int64), r"block_tables\[0\].gpu must be an int32"),
         ("table", lambda t: t[:2], r"block_tables\[0\].gpu must be an int32 \[>= 4, n\]"),
         ("table", lambda t: t.t(), r"block_tables\[0\].gpu must be an int32 .* unit column"),
-        ("input", lambda t: t[:, :3], r"input_block_tables\[0\] has 3 columns, fewer than"),
+        pytest.param(
+            "input",
+            lambda t: t[:, :3],
+            r"input_block_tables\[0\] has 3 columns, fewer than block_tables\[0\]\.gpu's 8$",
+            id="input-narrower",
+        ),
         ("input", lambda t: t[:1].expand(4, 8), r"input_block_tables\[0\] has row stride 0"),
     ],
 )
