@@ -5,14 +5,18 @@ built for `cuda` (no index: any CUDA device matches) or `cuda:1` can be handed
 host tensors here: the device rule that a CUDA `BlockTables` applies to its
 inputs and caller-owned outputs refuses every one of them with a `ValueError`
 naming the argument, on the fast path and on the slow one alike.
+
+On CPU, through `BlockTables`: refusals the contract tests do not reach, each
+naming the fault as docs/bad-input.md shows and changing nothing.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from cp_blocktables import BlockTablesConfig
+from cp_blocktables import BlockTables, BlockTablesConfig
 from cp_blocktables._inputs import InputChecks
 
 CONFIG = BlockTablesConfig([16, 32], 4, 64, [8, 4])
@@ -54,3 +58,72 @@ def reporting_device(index: int) -> torch.Tensor:
 def test_a_bare_cuda_instance_takes_tensors_on_every_cuda_device(index):
     """`cuda` names the current device, which the caller sets: every CUDA index is ours."""
     assert InputChecks(CONFIG, torch.device("cuda")).on_my_device(reporting_device(index))
+
+
+# ---------------------------------------------------------------- on CPU, through BlockTables
+
+GOOD = dict(block_sizes=[16, 32], max_num_reqs=4, max_num_batched_tokens=64,
+            max_num_blocks_per_group=[8, 4], device="cpu")  # fmt: skip
+I32 = lambda *v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+I64 = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+
+
+@pytest.fixture
+def bt() -> BlockTables:
+    t = BlockTables(**GOOD)
+    t.append_block_ids(1, ([5, 6], [7]), False)
+    t.apply_staged_writes()
+    return t
+
+
+def state(t: BlockTables) -> tuple:
+    return (
+        [x.gpu.clone() for x in t.block_tables]
+        + [x.clone() for x in t.input_block_tables]
+        + [t.slot_mappings.clone()],
+        t.num_blocks.np.copy(),
+        [list(x._staged_write_contents) for x in t.block_tables],
+    )
+
+
+def assert_same(a: tuple, b: tuple) -> None:
+    assert all(torch.equal(x, y) for x, y in zip(a[0], b[0]))
+    np.testing.assert_array_equal(a[1], b[1])
+    assert a[2] == b[2]
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        pytest.param(
+            lambda t: t.append_block_ids(0, ([1], [2], [3]), False),
+            r"new_block_ids has 3 entries for 2 KV-cache groups",
+            id="more-id-lists-than-groups",
+        ),
+        pytest.param(
+            lambda t: t.gather_block_tables(torch.tensor([[1]], dtype=torch.int32), 1),
+            r"idx_mapping must be a 1-D int32 or int64 tensor, got torch.int32 of shape \(1, 1\)",
+            id="2-d-idx",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(0, 1), I64(0, 1).reshape(1, 2), 1),
+            r"positions must be a 1-D int32 or int64 tensor, got torch.int64 of shape \(1, 2\)",
+            id="2-d-positions",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1, 1), I32(0, 2), I64(0, 1), 2),
+            r"query_start_loc must have 3 entries, got 2",
+            id="qsl-short",
+        ),
+        pytest.param(
+            lambda t: t.gather_block_tables(I32(1, 4, -2), 3),
+            r"idx_mapping\[1\] = 4 is neither -1 \(dummy\) nor a row in \[0, 4\)",
+            id="first-of-two-bad-rows",
+        ),
+    ],
+)
+def test_refusals_name_the_fault_and_change_nothing(bt, call, message):
+    before = state(bt)
+    with pytest.raises(ValueError, match=message):
+        call(bt)
+    assert_same(before, state(bt))
