@@ -127,3 +127,19 @@ def test_refusals_name_the_fault_and_change_nothing(bt, call, message):
     with pytest.raises(ValueError, match=message):
         call(bt)
     assert_same(before, state(bt))
+
+
+def test_a_long_query_start_loc_is_named_by_its_first_16_entries():
+    bt = BlockTables(**{**GOOD, "max_num_reqs": 20})
+    qsl = I32(*range(20), 0)  # 20 requests of one token, then back to 0
+    with pytest.raises(ValueError, match=r"never decrease, got \[0, 1, 2, .*, 14, 15\]$"):
+        bt.compute_slot_mappings(I32(*[-1] * 20), qsl, I64(*range(19)), 19)
+
+
+def test_a_numpy_row_is_taken_with_any_number_of_groups():
+    """257 groups: a group count past CPython's shared small ints (`is` is not `==` there)."""
+    n = 257
+    bt = BlockTables([1] * n, 2, 8, [1] * n, "cpu")
+    bt.append_block_ids(np.int64(1), tuple([g + 1] for g in range(n)), False)
+    assert bt.num_blocks.np[:, 1].tolist() == [1] * n
+    assert [t._staged_write_contents for t in bt.block_tables] == [[g + 1] for g in range(n)]
