@@ -111,11 +111,6 @@ def assert_same(a: tuple, b: tuple) -> None:
             id="2-d-positions",
         ),
         pytest.param(
-            lambda t: t.compute_slot_mappings(I32(1, 1), I32(0, 2), I64(0, 1), 2),
-            r"query_start_loc must have 3 entries, got 2",
-            id="qsl-short",
-        ),
-        pytest.param(
             lambda t: t.gather_block_tables(I32(1, 4, -2), 3),
             r"idx_mapping\[1\] = 4 is neither -1 \(dummy\) nor a row in \[0, 4\)",
             id="first-of-two-bad-rows",
