@@ -297,6 +297,25 @@ def test_request_layout_maps_tokens_past_its_reach_by_tile(torch_device, force_l
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
 
 
+def test_tail_programs_map_every_tile_past_the_reach(force_layout, monkeypatch):
+    """As the test before, in 512-token interpreted tiles (a GPU's tile): the tail programs
+    past the reach (8,192) start at 8,192 and at 8,704, the second one wholly past the reach
+    and still inside the batch. Only small tiles make such a tile; the default one, a
+    power of two past 9,100 tokens, puts the only tail tile past the reach exactly at it."""
+    monkeypatch.setattr(_common, "HOST_TILE", 512)
+    monkeypatch.setattr(slot_mappings, "_SLOT_LAUNCHES", {})  # launch constants bind tiles
+    bt, ref = _build(torch.device("cpu"), REACH_CONFIG, REACH_REQUESTS, 3)
+    assert bt._slot_plan.pick.__self__.request_meta["TILE"] == 512
+    idx, qsl, pos = _batch(REACH_REQUESTS, 1)
+    assert qsl[-1] > slot_mappings.SMALL_BATCH_TOKENS + 512  # a tail tile past 8,704 holds tokens
+    force_layout(True)
+    bt.slot_mappings.fill_(GARBAGE)
+    t = torch.from_numpy
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), bt.max_num_batched_tokens)
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
+
+
 def test_a_batch_larger_than_num_tokens_padded_said_is_still_mapped(torch_device):
     """Unchecked input (values are not read back on CUDA): the host picks the request layout
     from `num_tokens_padded`, yet every token of the larger batch gets its slot."""
