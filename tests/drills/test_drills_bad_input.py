@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
+from refusals import GOOD, I32, I64, assert_same, state, with_one_row
 
 from cp_blocktables import BlockTables
-
-GOOD = dict(
-    block_sizes=[16, 32],
-    max_num_reqs=4,
-    max_num_batched_tokens=64,
-    max_num_blocks_per_group=[8, 4],
-    device="cpu",
-)
 
 
 @pytest.mark.parametrize(
@@ -39,31 +30,7 @@ def test_constructor_refuses_lists_of_the_wrong_length(overrides, message):
 
 @pytest.fixture
 def bt() -> BlockTables:
-    t = BlockTables(**GOOD)
-    t.append_block_ids(1, ([5, 6], [7]), False)
-    t.apply_staged_writes()
-    return t
-
-
-def state(t: BlockTables) -> tuple:
-    return (
-        [x.gpu.clone() for x in t.block_tables],
-        t.num_blocks.np.copy(),
-        [list(x._staged_write_contents) for x in t.block_tables],
-        t.slot_mappings.clone(),
-    )
-
-
-def assert_same(a: tuple, b: tuple) -> None:
-    for x, y in zip(a[0], b[0]):
-        assert torch.equal(x, y)
-    np.testing.assert_array_equal(a[1], b[1])
-    assert a[2] == b[2]
-    assert torch.equal(a[3], b[3])
-
-
-I32 = lambda *v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
-I64 = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+    return with_one_row()
 
 
 @pytest.mark.parametrize(
