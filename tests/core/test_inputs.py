@@ -61,6 +61,18 @@ def test_a_bare_cuda_instance_takes_tensors_on_every_cuda_device(index):
     assert InputChecks(CONFIG, torch.device("cuda")).on_my_device(reporting_device(index))
 
 
+@pytest.mark.parametrize(
+    ("device", "index"),
+    [("cuda:1", 0), ("cuda:1", 3), ("cpu", 0)],
+    ids=["cuda:1-given-cuda:0", "cuda:1-given-cuda:3", "cpu-given-cuda:0"],
+)
+def test_an_indexed_instance_refuses_tensors_of_another_cuda_device(device, index):
+    """Only a bare `cuda` takes every CUDA index; `cuda:1` and `cpu` refuse the others."""
+    checks = InputChecks(CONFIG, torch.device(device))
+    with pytest.raises(ValueError, match=f"positions is on .*, BlockTables on {device}$"):
+        checks.index_tensor("positions", reporting_device(index))
+
+
 # ---------------------------------------------------------------- on CPU, through BlockTables
 
 
