@@ -468,6 +468,19 @@ def test_layout_rebuild_refuses_tables_kernels_cannot_use(torch_device, which, m
     assert bt.block_table_ptrs is ptrs  # nothing rebuilt
 
 
+@pytest.mark.parametrize("extra", [1, 8], ids=lambda n: f"{n}-more-columns")
+def test_layout_rebuild_takes_a_forward_pass_table_wider_than_its_table(torch_device, extra):
+    """Only a narrower forward-pass table is refused (docs/bad-input.md): a wider one holds
+    every column the kernels write, and the gather fills its table's columns as before."""
+    bt = _bt_with_rows(torch_device)
+    wide = torch.full((4, 8 + extra), 9, dtype=torch.int32, device=torch_device)
+    bt.input_block_tables[0] = wide
+    bt.init_block_table_layout_tensors()
+    assert int(bt.input_block_table_ptrs[0]) == wide.data_ptr()
+    bt.gather_block_tables(torch.tensor([2, 0], dtype=torch.int32, device=torch_device), 2)
+    assert wide[:2, :8].tolist() == [[4] + [0] * 7, [1, 2] + [0] * 6]
+
+
 @pytest.mark.parametrize("case", ["layout-table", "out-ptrs"])
 def test_tensors_on_another_device_are_refused(torch_device, case):
     """A tensor on another device than the `BlockTables` (here `meta`, which every machine
