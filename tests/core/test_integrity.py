@@ -108,6 +108,29 @@ def test_null_block_slots_may_be_shared(torch_device):
     assert out[0].tolist() == [0, 1, 0, 1, 0, 1]
 
 
+SMALL_BLOCKS = {
+    # block size, the row's block ids, idx_mapping, query_start_loc, positions, cp, slots
+    "bs1-dummy-token-0-slot-2": (1, [2], [-1, 0], [0, 1, 2], [0, 0], {}, [PAD_SLOT_ID, 2]),
+    "bs1-dummy-token-1-slot-1": (1, [1], [0, -1], [0, 1, 2], [0, 0], {}, [1, PAD_SLOT_ID]),
+    "bs2-dummy-token-0-slot-2": (2, [1], [-1, 0], [0, 1, 2], [0, 0], {}, [PAD_SLOT_ID, 2]),
+    "bs1-cp2-rank1-token-0-on-rank-0": (
+        1, [2], [0], [0, 2], [0, 1], dict(cp_size=2, cp_rank=1), [PAD_SLOT_ID, 2],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SMALL_BLOCKS.values(), ids=SMALL_BLOCKS.keys())
+def test_tokens_without_a_slot_share_none_with_a_live_one(torch_device, case):
+    """Block sizes 1 and 2: live slots start at 1 and 2 (block 0 is the null block), beside
+    the indices of the first tokens; a PAD token there (a dummy, or a token another rank
+    owns) repeats no live token's slot, so the checks raise nothing (SPEC.md 8.3)."""
+    block_size, ids, idx, qsl, pos, cp, expected = case
+    bt = make(torch_device, block_sizes=[block_size], max_num_blocks_per_group=[8], **cp)
+    bt.append_block_ids(0, (ids,), False)
+    bt.apply_staged_writes()
+    assert slots(bt, idx, qsl, pos)[0].tolist() == expected
+
+
 def test_tokens_past_num_tokens_are_not_checked(torch_device):
     bt = make(torch_device)
     bt.append_block_ids(0, ([5], [7]), False)
