@@ -1,8 +1,9 @@
 """How the harness workload shapes one step's batch, as an engine does.
 
 `_BatchShape` orders the scheduled requests (shuffled or by row), inserts
-dummy requests, pads the token and request counts, fills the positions past
-the last real token with garbage or zeros, and picks the step's optional
+dummy requests (their positions junk or zeros), pads the token and request
+counts, fills the positions past the last real token with garbage or zeros,
+and picks the step's optional
 argument paths (`num_computed_tokens` or not, caller-owned outputs, the fused
 read). A mixin of the workload generator (`workload._Generator`): it reads the
 generator's preset, rng and state, and counts the corners it reaches.
@@ -45,7 +46,7 @@ class _BatchShape:
         pos_parts = [
             np.arange(e[2], e[2] + e[3], dtype=np.int64)
             if e[0] >= 0
-            else rng.integers(0, _GARBAGE, e[3])
+            else self._dummy_positions(step, e[3])
             for e in entries
         ]
         ntp = num_tokens
@@ -70,6 +71,18 @@ class _BatchShape:
         self._choose_paths(step)
         self._count_shape_corners(step, tail)
         return step
+
+    def _dummy_positions(self, step: Step, n: int) -> np.ndarray:
+        """A dummy request's positions: junk, or zeros (as an engine's padding leaves
+        them) on every other step and until some dummy token had them. Position 0 lies in
+        every table, so an implementation that lets a dummy token through reads the row
+        before the table and writes a slot there, where junk past every table's span
+        maps to PAD anyway. The junk is drawn either way: the other draws do not move."""
+        junk = self.rng.integers(0, _GARBAGE, n)
+        if step.index % 2 and self.corners["dummy_token_in_table"]:
+            return junk
+        self.corners["dummy_token_in_table"] += n
+        return np.zeros(n, dtype=np.int64)
 
     def _choose_paths(self, step: Step) -> None:
         """Which optional arguments this step's gather and slot mapping get."""

@@ -38,6 +38,9 @@ COMMON = frozenset(
 )
 """Corners that presets running ordinary mixed traffic promise (the mutation presets too)."""
 
+_DUMMY_IN_TABLE = frozenset({"dummy_token_in_table"})
+"""Promised by the sweep's presets whose every CP group (seeds 0 to 7) reaches it."""
+
 _KERNEL = frozenset({"kernel_blocks", "kernel_blocks_mixed", "warmup_redirect", "top_block_id"})
 """Corners of the kernel-block-size presets (SPEC.md 8.1)."""
 
@@ -64,7 +67,8 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         max_decode_len=40,
         spec_tokens=3,
         warmup_steps=1,
-        corners=COMMON
+        corners=_DUMMY_IN_TABLE
+        | COMMON
         | {"profiled_rows_reclaimed"}
         | {
             "interleave_between",
@@ -100,7 +104,8 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         spec_tokens=2,
         block_id_base=2**27 + 3,
         warmup_steps=1,
-        corners=COMMON
+        corners=_DUMMY_IN_TABLE
+        | COMMON
         | {"profiled_rows_reclaimed"}
         | {
             "several_block_sizes",
@@ -135,7 +140,8 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         max_decode_len=40,
         spec_tokens=2,
         integrity_checks=True,
-        corners=COMMON
+        corners=_DUMMY_IN_TABLE
+        | COMMON
         | {"profiled_rows_reclaimed"}
         | {"interleave_1", "mixed_groups", "several_block_sizes", "spec_decode", "spec_rejected"},
     ),
@@ -155,7 +161,8 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         max_prompt_len=900,
         max_decode_len=40,
         spec_tokens=3,
-        corners=COMMON
+        corners=_DUMMY_IN_TABLE
+        | COMMON
         | {
             "interleave_eq_block",
             "interleave_between",
@@ -180,7 +187,8 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         max_decode_len=40,
         spec_tokens=1,
         block_id_base=2**31 - 2**20,
-        corners=COMMON
+        corners=_DUMMY_IN_TABLE
+        | COMMON
         | {"interleave_between", "several_block_sizes", "slot_past_2_31", "spec_decode"},
     ),
     Preset(
@@ -237,7 +245,8 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         max_prompt_len=600,
         max_decode_len=40,
         spec_tokens=2,
-        corners=COMMON
+        corners=_DUMMY_IN_TABLE
+        | COMMON
         | {
             "no_power_of_two",
             "interleave_between",
@@ -307,7 +316,8 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         spec_tokens=2,
         block_id_base=2**27 + 5,
         warmup_steps=1,
-        corners=COMMON
+        corners=_DUMMY_IN_TABLE
+        | COMMON
         | _KERNEL
         | {"several_block_sizes", "slot_past_2_31", "window_boundary", "window_freed_reused"},
     ),
@@ -333,7 +343,10 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         max_decode_len=40,
         spec_tokens=3,
         warmup_steps=1,
-        corners=COMMON | _KERNEL | {"interleave_eq_kernel", "interleave_between", "full_step"},
+        corners=_DUMMY_IN_TABLE
+        | COMMON
+        | _KERNEL
+        | {"interleave_eq_kernel", "interleave_between", "full_step"},
     ),
     Preset(
         name="groups-0",

@@ -32,6 +32,7 @@ CORNERS = (
     "spec_rejected",
     "batch_order_shuffled",
     "dummy_request",
+    "dummy_token_in_table",
     "padded_tokens",
     "padded_reqs",
     "smaller_step",
