@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
+from refusals import GOOD, I32, I64, assert_same, state, with_one_row
 
 from cp_blocktables import BlockTables
-
-GOOD = dict(
-    block_sizes=[16, 32],
-    max_num_reqs=4,
-    max_num_batched_tokens=64,
-    max_num_blocks_per_group=[8, 4],
-    device="cpu",
-)
 
 
 @pytest.mark.parametrize(
@@ -101,33 +93,8 @@ def test_interleave_is_free_for_unsharded_or_single_rank(pair, overrides):
 
 
 @pytest.fixture
-def bt():
-    t = BlockTables(**GOOD)
-    t.append_block_ids(1, ([5, 6], [7]), False)
-    t.apply_staged_writes()
-    return t
-
-
-def snapshot(t: BlockTables):
-    return (
-        [x.gpu.clone() for x in t.block_tables],
-        t.num_blocks.np.copy(),
-        [x.clone() for x in t.input_block_tables],
-        t.slot_mappings.clone(),
-        [list(x._staged_write_contents) for x in t.block_tables],
-    )
-
-
-def assert_unchanged(t: BlockTables, before) -> None:
-    after = snapshot(t)
-    for a, b in zip(before[0] + before[2] + [before[3]], after[0] + after[2] + [after[3]]):
-        assert torch.equal(a, b)
-    np.testing.assert_array_equal(before[1], after[1])
-    assert before[4] == after[4]
-
-
-I32 = lambda *v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
-I64 = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
+def bt() -> BlockTables:
+    return with_one_row()
 
 
 @pytest.mark.parametrize(
@@ -262,7 +229,7 @@ I64 = lambda *v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
     ],
 )
 def test_method_refuses_and_changes_nothing(bt, call, message):
-    before = snapshot(bt)
+    before = state(bt)
     with pytest.raises((ValueError, RuntimeError), match=message):
         call(bt)
-    assert_unchanged(bt, before)
+    assert_same(before, state(bt))
