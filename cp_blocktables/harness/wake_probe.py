@@ -111,7 +111,7 @@ def _before(impl, ref: ReferenceBlockTables, step: _Step, fused: bool) -> None:
               row, tuple(g[1:] for g in ids), False)  # fmt: skip
         ref.append_block_ids(row, ids, True)
     _call("apply_staged_writes before the sleep", impl.apply_staged_writes)
-    step.read(impl, "before the sleep", fused=False, padded=ref.rules.max_num_reqs)
+    step.gather_every_row(impl, "before the sleep")
     step.read(impl, "before the sleep", fused=False)
     if fused:
         step.read(impl, "before the sleep", fused=True)
@@ -173,15 +173,15 @@ class _Step:
         self.padded = min(len(self.batch) + 1, rules.max_num_reqs)  # one padded row when it fits
         self.num_tokens = max_tokens  # the whole buffer: the tail must be PAD_SLOT_ID
 
-    def read(self, impl, when: str, fused: bool, padded: int | None = None) -> None:
-        """One step's reads through the separate calls or the fused one, checked; with
-        `padded` (all rows) only the gather, which writes every persistent row."""
+    def gather_every_row(self, impl, when: str) -> None:
+        """A gather padded to `max_num_reqs`: it writes every persistent row."""
+        idx = torch.tensor(self.batch, dtype=torch.int32, device=self.device)
+        _call(f"gather_block_tables of every row {when}", impl.gather_block_tables,
+              idx, self.ref.rules.max_num_reqs)  # fmt: skip
+
+    def read(self, impl, when: str, fused: bool) -> None:
+        """One step's reads through the separate calls or the fused one, checked."""
         d = self.device
-        if padded is not None:
-            idx = torch.tensor(self.batch, dtype=torch.int32, device=d)
-            _call(f"gather_block_tables of every row {when}", impl.gather_block_tables,
-                  idx, padded)  # fmt: skip
-            return
         idx = torch.tensor(self.batch, dtype=torch.int32, device=d)
         qsl = torch.tensor(self.qsl, dtype=torch.int32, device=d)
         pos = torch.tensor(self.positions, dtype=torch.int64, device=d)
