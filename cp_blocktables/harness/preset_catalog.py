@@ -22,6 +22,8 @@ COMMON = frozenset(
         "block_reused",
         "dummy_run",
         "dummy_zero_reqs",
+        "dummy_full_tokens",
+        "dummy_zero_tokens",
         "positions_tail_garbage",
         "request_finished",
         "two_appends_one_row",

@@ -45,6 +45,8 @@ CORNERS = (
     "window_configured_under_cp",
     "dummy_run",
     "dummy_zero_reqs",
+    "dummy_full_tokens",
+    "dummy_zero_tokens",
     "warmup_redirect",
     "top_block_id",
     "positions_tail_garbage",

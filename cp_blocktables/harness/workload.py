@@ -139,6 +139,8 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
                     or self._overdue("profiling_writes")
                     or self._overdue("profiled_rows_reclaimed")
                     or self._overdue("dummy_zero_reqs")
+                    or self._overdue("dummy_full_tokens")
+                    or self._overdue("dummy_zero_tokens")
                 )
             ):
                 step = self._dummy_step(s)
@@ -164,7 +166,7 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
     def _dummy_step(self, s: int) -> Step:
         self.corners["dummy_run"] += 1
         n_reqs = int(self.rng.integers(1, self.cfg.max_num_reqs + 1))
-        n_tokens = int(self.rng.integers(1, self.cfg.max_num_batched_tokens + 1))
+        n_tokens = self._dummy_num_tokens()
         reclaim = self._overdue("profiled_rows_reclaimed")
         profile = bool(
             self.rng.random() < self.p.profile_prob or self._overdue("profiling_writes") or reclaim
@@ -186,6 +188,18 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
             profile=profile,
             profile_seed=int(self.rng.integers(2**31)),
         )
+
+    def _dummy_num_tokens(self) -> int:
+        """A profiling run passes `max_num_batched_tokens`; a dummy run may pass 0."""
+        top = self.cfg.max_num_batched_tokens
+        n = int(self.rng.integers(1, top + 1))
+        if self._overdue("dummy_full_tokens"):
+            n = top
+        elif self._overdue("dummy_zero_tokens"):
+            n = 0
+        self.corners["dummy_full_tokens"] += n == top
+        self.corners["dummy_zero_tokens"] += n == 0
+        return n
 
     def _warmup_step(self, s: int) -> Step:
         """Rows get made-up block ids while writes go to the null block; they stay free."""

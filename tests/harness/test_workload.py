@@ -43,7 +43,7 @@ def test_every_promised_corner_is_reached(preset, seed):
 
 # (preset, seed) whose first draw misses a promised corner: a soak's fresh seeds hit such
 # seeds within rounds, and a correct implementation must not fail for them.
-SHORT_FIRST_DRAWS = [("kbs-cp1", 14), ("groups-1", 11), ("cp4-interleave", 2), ("mutation-odd", 16)]
+SHORT_FIRST_DRAWS = [("kbs-cp1", 14), ("groups-1", 11), ("cp4-interleave", 7), ("mutation-odd", 7)]
 
 
 @pytest.mark.parametrize(
@@ -258,3 +258,16 @@ def test_table_width_covers_the_longest_request(preset):
     for g, w in enumerate(preset.max_num_blocks_per_group()):
         virtual = preset.block_sizes[g] * preset.group_cp_size(g)
         assert w == math.ceil(preset.max_model_len / virtual)
+
+
+@pytest.mark.parametrize("name", ["mutation", "default", "cp2-i1"])
+def test_dummy_runs_pass_the_whole_token_budget_and_none(name):
+    """A profiling run passes `max_num_batched_tokens` to `get_dummy_slot_mappings`, and a
+    dummy run may pass 0: both ends are reached, and the corners count exactly those runs."""
+    p = presets.PRESETS[name]
+    w = generate(p, 0)
+    top = p.config(0).max_num_batched_tokens
+    counts = [s.dummy_num_tokens for s in w.steps if s.kind == "dummy"]
+    assert all(0 <= n <= top for n in counts)
+    assert w.corners["dummy_full_tokens"] == counts.count(top) > 0
+    assert w.corners["dummy_zero_tokens"] == counts.count(0) > 0
