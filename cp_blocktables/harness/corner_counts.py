@@ -7,9 +7,9 @@ those of the configuration and the traffic
 (interleave against block size, mixed groups, windows at their boundary,
 wide rows, slots past 2**31, tokens mapped through a table that spans 2**31
 positions or at positions past 2**31, in a layout where no size is a power of
-two or where one alone is not). A mixin of the workload generator (`workload._Generator`); the life
-cycle (`lifecycle`) and the batch shape (`batch_shape`) count the corners they
-reach themselves.
+two or where one alone is not). A mixin of the workload generator
+(`workload._Generator`); the life cycle (`lifecycle`) and the batch shape
+(`batch_shape`) count the corners they reach themselves.
 """
 
 from __future__ import annotations

@@ -205,9 +205,9 @@ class _LifeCycle:
 
     def _far_lengths(self) -> tuple[int, int, int]:
         """`(prompt_len, target_len, prefix_len)` of a request that starts far out
-        (`Preset.far_start`): its prefix (unseeded) ends just below `far_start`, some of
-        its prompt lies below it (none when the offset drawn is 0) and at least its
-        last prompt token at or past it, so its positions cross `far_start`."""
+        (`Preset.far_start`): its prefix (unseeded) ends at or just below `far_start`,
+        fewer than `max_prompt_len` of its prompt tokens lie below it and at least its
+        last one at or past it, so its positions run past `far_start`."""
         p, rng = self.p, self.rng
         new = int(rng.integers(1, p.max_prompt_len + 1))
         prefix = p.far_start - int(rng.integers(0, new))

@@ -110,8 +110,9 @@ class Preset:
     tokens included); each group's table width is derived from it, so a
     request never passes its row capacity.
 
-    `far_start` (0: off): a prefix-cached request starts just below this
-    position, whatever `max_prompt_len` says, and runs past it. Its prefix is
+    `far_start` (0: off): every prefix-cached request starts at or just below
+    this position (its prefix ends there) and its new tokens, up to
+    `max_prompt_len` of prompt and then the decode, run past it. Its prefix is
     not seeded into the simulated KV caches and check 5 reads back only the
     positions from its start on, so a request past position 2**31 costs its
     new tokens, not 2**31 cache entries.

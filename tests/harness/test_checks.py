@@ -7,7 +7,6 @@ the leader would receive them, optionally corrupted in between.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -187,12 +186,7 @@ def test_foreign_kv_is_check_5():
     assert "request 999 position 3" in found[0].actual
 
 
-# cp2-past-2-31 without its kernel-block group, which the stand-in does not take.
-FAR = dataclasses.replace(
-    presets.PRESETS["cp2-past-2-31"],
-    groups=tuple(g for g in presets.PRESETS["cp2-past-2-31"].groups if g.kernel_block_size == 0),
-    corners=frozenset(),
-)
+FAR = presets.PRESETS["cp2-past-2-31"]
 
 
 def _read_requests(checker: GroupChecker) -> list:

@@ -118,11 +118,12 @@ def test_tables_spanning_2_31_positions_pass_on_the_device_alone():
     assert host.violations == [] and dev.dev.fallbacks == 0 and dev.tokens_checked > 0
 
 
-def test_positions_past_2_31_pass_on_the_device_alone_and_fail_alike():
-    """Far starts (`cp2-past-2-31`, our implementation: the stand-in takes no kernel
-    blocks): the device reads back only positions from a request's start, as the host
-    does, and a foreign token there is the same check 5 on both."""
-    host, dev = _both("cp2-past-2-31", 12, impl=BlockTables)
+@pytest.mark.parametrize("impl", [StandInBlockTables, BlockTables], ids=["stand-in", "ours"])
+def test_positions_past_2_31_pass_on_the_device_alone_and_fail_alike(impl):
+    """Far starts (`cp2-past-2-31`): the device reads back only positions from a
+    request's start, as the host does, and a foreign token there is the same check 5 on
+    both."""
+    host, dev = _both("cp2-past-2-31", 12, impl=impl)
     _assert_same(host, dev)
     assert host.violations == [] and dev.dev.fallbacks == 0 and dev.tokens_checked > 0
     req = next(f for f in host.workload.unfinished if f.read_from)
