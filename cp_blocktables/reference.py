@@ -54,10 +54,14 @@ def local_len(seq_len: int, cp_rank: int, cp_size: int, interleave: int) -> int:
 
 
 def owned_positions(
-    seq_len: int, cp_rank: int, cp_size: int, interleave: int, block_size: int
+    seq_len: int, cp_rank: int, cp_size: int, interleave: int, block_size: int, start: int = 0
 ) -> np.ndarray:
-    """The positions `< seq_len` that `cp_rank` owns, ascending (by brute force)."""
-    p = np.arange(seq_len, dtype=np.int64)
+    """The positions in `[start, seq_len)` that `cp_rank` owns, ascending (by brute force).
+
+    `start` lets a caller look at a request's last positions alone, without an
+    array as long as the request (a request may start past 2**31).
+    """
+    p = np.arange(start, seq_len, dtype=np.int64)
     return p[owner(p, cp_size, interleave, block_size) == cp_rank]
 
 
@@ -115,13 +119,14 @@ def read_slots(
     num_local: int,
     block_size: int,
     kernel_block_size: int | None = None,
+    first: int = 0,
 ) -> np.ndarray:
-    """The read path: slot of the `q`-th local token, `q < num_local`, on its rank.
+    """The read path: slot of the `q`-th local token, `first <= q < num_local`, on its rank.
 
-    `kernel_block_size` as in `slots_for_positions`.
+    `kernel_block_size` as in `slots_for_positions`; `[num_local - first]`.
     """
     row, bs = _kernel_row(table_row, block_size, kernel_block_size)
-    q = np.arange(num_local, dtype=np.int64)
+    q = np.arange(first, num_local, dtype=np.int64)
     return row[q // bs] * bs + q % bs
 
 

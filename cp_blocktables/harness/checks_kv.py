@@ -34,17 +34,23 @@ class _KvChecks:
                     cache.update(zip(slots[w].tolist(), tags[w].tolist(), strict=True))
 
     def _read_request(self, step_index: int, req: Finished, g: int) -> list[Violation]:
+        """Read positions `[start, seq_len)` of `req` back on every rank, `start` being
+        `req.read_from`: rank `k` reads its local tokens `[local_len(start), local_len(
+        seq_len))`, which hold exactly its positions there, so no array is as long as a
+        request that starts far out."""
         bs, c, inter = self.block_sizes[g], self.group_cp[g], self.preset.cp_interleave
         kbs = self.kernel_sizes[g]
         row = np.asarray(self.req_blocks[req.uid][g], dtype=np.int64)
         dead = np.fromiter(self.req_dead[req.uid][g], dtype=np.int64)  # dead table columns
-        found, seen = [], np.zeros(req.seq_len, dtype=np.int64)
+        start = req.read_from
+        found, seen = [], np.zeros(req.seq_len - start, dtype=np.int64)  # [positions read]
         for k in range(self.cp_size):
             kk = k if c > 1 else 0
-            owned = reference.owned_positions(req.seq_len, kk, c, inter, kbs)
+            owned = reference.owned_positions(req.seq_len, kk, c, inter, kbs, start=start)
+            first = reference.local_len(start, kk, c, inter)
             n_local = reference.local_len(req.seq_len, kk, c, inter)
-            slots = reference.read_slots(row, n_local, bs, kernel_block_size=kbs)
-            q = np.arange(n_local)
+            slots = reference.read_slots(row, n_local, bs, kernel_block_size=kbs, first=first)
+            q = np.arange(first, n_local)
             live = ~np.isin(q // bs, dead)
             keys = slots[live].tolist()  # looked up in one C-level pass over the cache
             got = np.fromiter(map(self.kv[k][g].get, keys, repeat(-1)), np.int64, len(keys))
@@ -53,7 +59,7 @@ class _KvChecks:
             self.stats[g, k, 5] += int(ok.sum())
             self.stats[g, k, 6] += int(live.sum())
             if c > 1:
-                seen[owned[live][ok]] += 1
+                seen[owned[live][ok] - start] += 1
             for i in np.flatnonzero(~ok)[:_PER_STEP_REPORTS].tolist():
                 found.append(
                     Violation(
@@ -70,7 +76,7 @@ class _KvChecks:
                     )
                 )
         if c > 1 and not found:
-            for p in np.flatnonzero(seen != 1)[:_PER_STEP_REPORTS].tolist():
+            for i in np.flatnonzero(seen != 1)[:_PER_STEP_REPORTS].tolist():
                 found.append(
                     Violation(
                         5,
@@ -79,9 +85,9 @@ class _KvChecks:
                         g,
                         req.uid,
                         req.row,
-                        p,
+                        start + i,
                         expected="exactly one rank",
-                        actual=f"{seen[p]} ranks",
+                        actual=f"{seen[i]} ranks",
                     )
                 )
         return found

@@ -6,10 +6,10 @@ garbage in the positions' tail, shuffled rows) and, per scheduled request,
 those of the configuration and the traffic
 (interleave against block size, mixed groups, windows at their boundary,
 wide rows, slots past 2**31, tokens mapped through a table that spans 2**31
-positions, in a layout where no size is a power of two or where one alone is
-not). A mixin of the workload generator (`workload._Generator`); the life
-cycle (`lifecycle`) and the batch shape (`batch_shape`) count the corners they
-reach themselves.
+positions or at positions past 2**31, in a layout where no size is a power of
+two or where one alone is not). A mixin of the workload generator
+(`workload._Generator`); the life cycle (`lifecycle`) and the batch shape
+(`batch_shape`) count the corners they reach themselves.
 """
 
 from __future__ import annotations
@@ -111,3 +111,19 @@ class _CornerCounts:
                     cols = np.arange(req.nct, req.nct + n) // self.virtual[g]
                     blocks = np.asarray(req.blocks[g], dtype=np.int64)[cols]
                     c["slot_past_2_31"] += int((blocks * cfg.block_sizes[g] >= 2**31).sum())
+        self._count_far_corners(scheduled)
+
+    def _count_far_corners(self, scheduled: list[tuple[_Request, int]]) -> None:
+        """Tokens mapped at positions past 2**31 (`Preset.far_start`), where the slot
+        mapping must compute positions in int64; `past_2_31_by_cp` those of a layout whose
+        tables stay below 2**31 positions without their CP factor (columns times kernel
+        block size), so that a span computed without it takes the int32 path."""
+        cfg, c = self.cfg, self.corners
+        if not any(cfg.slot_mapping_enabled):
+            return
+        widths = [cfg.table_width(g) * cfg.kernel_block_sizes[g] for g in range(self.num_groups)]
+        bare = max(widths) < 2**31
+        for req, n in scheduled:
+            past = max(0, req.nct + n - max(req.nct, 2**31))  # of positions [nct, nct + n)
+            c["position_past_2_31"] += past
+            c["past_2_31_by_cp"] += past if bare else 0

@@ -80,7 +80,8 @@ def read_request_counts(checker, req, g: int, device: torch.device) -> torch.Ten
 
     `bad` counts the reads that did not find their own position and, under a
     sharded group, positions read back on other than one rank: non-zero exactly
-    when `_KvChecks._read_request` reports something.
+    when `_KvChecks._read_request` reports something. Like it, it reads only
+    positions `[req.read_from, seq_len)`.
     """
     bs, c, inter = checker.block_sizes[g], checker.group_cp[g], checker.preset.cp_interleave
     kbs = checker.kernel_sizes[g]
@@ -88,18 +89,20 @@ def read_request_counts(checker, req, g: int, device: torch.device) -> torch.Ten
     row = (row[:, None] * (bs // kbs) + torch.arange(bs // kbs, device=device)).reshape(-1)
     dead_cols = sorted(checker.req_dead[req.uid][g])
     dead = torch.as_tensor(dead_cols, dtype=torch.int64).to(device)
-    length = req.seq_len
-    seen = torch.zeros(length if c > 1 else 0, dtype=torch.int64, device=device)
+    length, start = req.seq_len, req.read_from
+    # [positions read], position start + i at i
+    seen = torch.zeros(length - start if c > 1 else 0, dtype=torch.int64, device=device)
     out = []
     bad = torch.zeros((), dtype=torch.int64, device=device)
     for k in range(checker.cp_size):
         kk = k if c > 1 else 0
+        first = reference.local_len(start, kk, c, inter)
         n_local = reference.local_len(length, kk, c, inter)
-        q = torch.arange(n_local, dtype=torch.int64, device=device)
+        q = torch.arange(first, n_local, dtype=torch.int64, device=device)
         if c > 1:  # the q-th position rank kk owns; reference.owner must agree, below
             owned = (q // inter) * (inter * c) + kk * inter + q % inter
             o = owned % (kbs * c)
-            bad = bad + (((o // inter) % c != kk) | (owned >= length)).sum()
+            bad = bad + (((o // inter) % c != kk) | (owned >= length) | (owned < start)).sum()
         else:
             owned = q
         slots = row[(q // kbs).clamp(max=max(row.numel() - 1, 0))] * kbs + q % kbs
@@ -112,7 +115,8 @@ def read_request_counts(checker, req, g: int, device: torch.device) -> torch.Ten
         bad = bad + (live & ~ok).sum()
         out += [ok.sum(), live.sum()]
         if c > 1:
-            seen.index_add_(0, owned.clamp(max=length - 1), ok.to(torch.int64))
+            at = (owned - start).clamp(0, max(length - start - 1, 0))
+            seen.index_add_(0, at, ok.to(torch.int64))
     if c > 1:
         bad = bad + (seen != 1).sum()
     return torch.stack([bad, *out])

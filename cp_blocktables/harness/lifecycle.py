@@ -56,12 +56,18 @@ class Release:
 
 @dataclass(frozen=True)
 class Finished:
-    """A request whose KV cache is read back: `seq_len` positions, table row `row`."""
+    """A request whose KV cache is read back: `seq_len` positions, table row `row`.
+
+    Check 5 reads positions `[read_from, seq_len)`. `read_from` is 0, or a far
+    start's `prefix_len` (`Preset.far_start`): that prefix was never seeded
+    into the simulated caches, and nothing of it is read.
+    """
 
     uid: int
     row: int
     seq_len: int
     prefix_len: int
+    read_from: int = 0
 
 
 @dataclass
@@ -75,6 +81,7 @@ class _Request:
     blocks: list[list[int]]
     dead: list[set[int]]
     appended: bool = False
+    read_from: int = 0  # a far start's prefix_len: positions below it are never read back
 
 
 class _Allocator:
@@ -136,9 +143,11 @@ class _LifeCycle:
         if row in self.used_rows:
             self.corners["row_reused"] += 1
         self.used_rows.add(row)
-        far = max(self.virtual, default=16)
+        far_block = max(self.virtual, default=16)
         want_prefix = prompt_len is None and (
-            rng.random() < p.prefix_prob or self._overdue("prefix_cached_start")
+            rng.random() < p.prefix_prob
+            or self._overdue("prefix_cached_start")
+            or self._overdue("position_past_2_31")
         )
         short = (
             prompt_len is None
@@ -149,20 +158,11 @@ class _LifeCycle:
                 or self._overdue("row_reused")
             )
         )
-        if prompt_len is not None:
-            prompt = prompt_len
-            target = prompt + int(rng.integers(1, p.max_decode_len + 1))
-        elif short:
-            prompt = int(rng.integers(1, min(32, p.max_prompt_len) + 1))
-            target = prompt + int(rng.integers(1, min(8, p.max_decode_len) + 1))
+        far = want_prefix and p.far_start > 0
+        if far:
+            prompt, target, prefix = self._far_lengths()
         else:
-            low = min(far + 2, p.max_prompt_len) if want_prefix else 1
-            prompt = int(rng.integers(low, p.max_prompt_len + 1))
-            target = prompt + int(rng.integers(1, p.max_decode_len + 1))
-        prefix = 0
-        if want_prefix and prompt > far + 1:
-            prefix = int(rng.integers(far, prompt))
-            self.corners["prefix_cached_start"] += 1
+            prompt, target, prefix = self._lengths(prompt_len, want_prefix, short, far_block)
         g = self.num_groups
         req = _Request(
             self._new_uid(),
@@ -173,12 +173,46 @@ class _LifeCycle:
             prefix,
             [[] for _ in range(g)],
             [set() for _ in range(g)],
+            read_from=prefix if far else 0,
         )
         self.running[req.uid] = req
-        step.admitted.append(Finished(req.uid, row, target, prefix))
-        if self.plot_uid is None and prefix == 0 and target >= 2 * far and prompt_len is None:
+        step.admitted.append(Finished(req.uid, row, target, prefix, req.read_from))
+        if self.plot_uid is None and prefix == 0 and target >= 2 * far_block and prompt_len is None:
             self.plot_uid = req.uid
         return req
+
+    def _lengths(
+        self, prompt_len: int | None, want_prefix: bool, short: bool, far_block: int
+    ) -> tuple[int, int, int]:
+        """`(prompt_len, target_len, prefix_len)` of a request starting at 0, or (prefix
+        cached) at least a virtual block `far_block` from it, its prefix seeded."""
+        p, rng = self.p, self.rng
+        if prompt_len is not None:
+            prompt = prompt_len
+            target = prompt + int(rng.integers(1, p.max_decode_len + 1))
+        elif short:
+            prompt = int(rng.integers(1, min(32, p.max_prompt_len) + 1))
+            target = prompt + int(rng.integers(1, min(8, p.max_decode_len) + 1))
+        else:
+            low = min(far_block + 2, p.max_prompt_len) if want_prefix else 1
+            prompt = int(rng.integers(low, p.max_prompt_len + 1))
+            target = prompt + int(rng.integers(1, p.max_decode_len + 1))
+        prefix = 0
+        if want_prefix and prompt > far_block + 1:
+            prefix = int(rng.integers(far_block, prompt))
+            self.corners["prefix_cached_start"] += 1
+        return prompt, target, prefix
+
+    def _far_lengths(self) -> tuple[int, int, int]:
+        """`(prompt_len, target_len, prefix_len)` of a request that starts far out
+        (`Preset.far_start`): its prefix (unseeded) ends at or just below `far_start`,
+        fewer than `max_prompt_len` of its prompt tokens lie below it and at least its
+        last one at or past it, so its positions run past `far_start`."""
+        p, rng = self.p, self.rng
+        new = int(rng.integers(1, p.max_prompt_len + 1))
+        prefix = p.far_start - int(rng.integers(0, new))
+        prompt = prefix + new
+        return prompt, prompt + int(rng.integers(1, p.max_decode_len + 1)), prefix
 
     def _pick_row(self) -> int:
         """Index into `free_rows`: often the row freed last (engines reuse rows eagerly)."""
@@ -258,7 +292,7 @@ class _LifeCycle:
 
     def _finish(self, step: Step, req: _Request) -> None:
         self.corners["request_finished"] += 1
-        step.finished.append(Finished(req.uid, req.row, req.nct, req.prefix_len))
+        step.finished.append(Finished(req.uid, req.row, req.nct, req.prefix_len, req.read_from))
         for g in range(self.num_groups):
             cols = [j for j in range(len(req.blocks[g])) if j not in req.dead[g]]
             ids = [req.blocks[g][j] for j in cols]

@@ -1,6 +1,7 @@
 """The sweep's presets (`make verify`): together they cover cp_size 1, 2, 3, 4 and 8,
 interleave 1 up to the block size, kernel block sizes, zero to six groups, sliding
-windows and every corner of the contract (`preset_spec.CORNERS`).
+windows and every corner of the contract (`preset_spec.CORNERS`). Those whose tables
+or positions pass 2**31 live in `preset_span`.
 """
 
 from __future__ import annotations
@@ -192,43 +193,6 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         corners=_DUMMY_IN_TABLE
         | COMMON
         | {"interleave_between", "several_block_sizes", "slot_past_2_31", "spec_decode"},
-    ),
-    Preset(
-        name="cp8-span-2-31",
-        description="cp 8, interleave 16: block sizes of 2**18 to 2**21 tokens, so every "
-        "table row spans 2**31 positions (the slot mapping's int64 position path) in 1,024 "
-        "columns; short requests",
-        groups=(
-            GroupSpec(2**18),
-            GroupSpec(2**19, kernel_block_size=2**18),
-            GroupSpec(2**21, sharded=False),
-            GroupSpec(2**18, enabled=False),
-        ),
-        cp_size=8,
-        cp_interleave=16,
-        num_steps=16,
-        max_num_reqs=8,
-        max_num_batched_tokens=256,
-        max_model_len=2**31,
-        max_batch_reqs=8,
-        max_prefill_chunk=128,
-        max_prompt_len=300,
-        max_decode_len=40,
-        spec_tokens=2,
-        prefix_prob=0.0,  # a prefix-cached start lies a virtual block (2**19+) from 0
-        # One block holds a whole request: no append carries two blocks to split.
-        corners=(COMMON - {"prefix_cached_start", "two_appends_one_row"})
-        | {
-            "span_past_2_31",
-            "slot_past_2_31",
-            "interleave_between",
-            "mixed_groups",
-            "several_block_sizes",
-            "kernel_blocks",
-            "kernel_blocks_mixed",
-            "spec_decode",
-            "spec_rejected",
-        },
     ),
     Preset(
         name="cp3-no-power-of-two",

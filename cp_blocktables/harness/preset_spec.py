@@ -57,6 +57,8 @@ CORNERS = (
     "short_step_long_buffer",
     "wide_row",
     "span_past_2_31",
+    "position_past_2_31",
+    "past_2_31_by_cp",
     "no_power_of_two",
     "lone_non_power_of_two",
     "full_batch",
@@ -109,6 +111,13 @@ class Preset:
     `max_model_len` bounds every position any request reaches (speculative
     tokens included); each group's table width is derived from it, so a
     request never passes its row capacity.
+
+    `far_start` (0: off): every prefix-cached request starts at or just below
+    this position (its prefix ends there) and its new tokens, up to
+    `max_prompt_len` of prompt and then the decode, run past it. Its prefix is
+    not seeded into the simulated KV caches and check 5 reads back only the
+    positions from its start on, so a request past position 2**31 costs its
+    new tokens, not 2**31 cache entries.
     """
 
     name: str
@@ -141,6 +150,7 @@ class Preset:
     profile_prob: float = 0.7
     fused_read_prob: float = 0.25
     integrity_checks: bool = False
+    far_start: int = 0
     corners: frozenset[str] = frozenset()
 
     def with_overrides(self, cp_size: int | None = None, num_steps: int | None = None) -> Preset:
@@ -240,9 +250,24 @@ class Preset:
                 f"preset {self.name}: block ids [{self.block_id_base}, {end}) "
                 f"(in kernel blocks) must lie in [1, {INT32_MAX}]"
             )
+        self._validate_far_start(longest)
         unknown = self.corners - set(CORNERS)
         if unknown:
             raise ValueError(f"preset {self.name}: unknown corners {sorted(unknown)}")
+
+    def _validate_far_start(self, longest: int) -> None:
+        """A far start's request must fit `max_model_len`; and no window may be configured:
+        `num_computed_tokens` is int32, so a count past 2**31 is passed clamped, which only
+        a window would read (`workload._Generator._real_step`)."""
+        if not self.far_start:
+            return
+        if self.far_start < 0 or self.far_start + longest > self.max_model_len:
+            raise ValueError(
+                f"preset {self.name}: far_start {self.far_start} plus the longest request "
+                f"({longest}) exceed max_model_len={self.max_model_len}"
+            )
+        if any(g.window for g in self.groups):
+            raise ValueError(f"preset {self.name}: far_start with a sliding window")
 
     def describe(self) -> dict:
         """Every field, for reports (JSON-ready)."""

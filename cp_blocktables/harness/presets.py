@@ -3,8 +3,8 @@
 A preset is a `BlockTables` configuration plus the knobs of its traffic and
 the corners its workload must reach; `preset_spec` says what one is
 (`GroupSpec`, `Preset`, `CORNERS`). The presets themselves are defined by
-family: `preset_catalog` holds the sweep's, `preset_extras` the benchmark and
-mutation-testing ones. This module validates and registers them all in
+family: `preset_catalog` and `preset_span` hold the sweep's, `preset_extras` the
+benchmark and mutation-testing ones. This module validates and registers them all in
 `PRESETS`, in that order, and resolves names and aliases.
 
 `SWEEP` is what `make verify` runs: together its presets cover cp_size 1, 2, 3,
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .preset_catalog import SWEEP_PRESETS
 from .preset_extras import BENCH_PRESETS, MUTATION_PRESETS
+from .preset_span import SPAN_PRESETS
 from .preset_spec import CORNERS, GroupSpec, Preset
 
 __all__ = ["ALIASES", "CORNERS", "PRESETS", "SWEEP", "GroupSpec", "Preset", "resolve"]
@@ -29,7 +30,7 @@ def _register(p: Preset) -> Preset:
     return p
 
 
-for _p in (*SWEEP_PRESETS, *BENCH_PRESETS):
+for _p in (*SWEEP_PRESETS, *SPAN_PRESETS, *BENCH_PRESETS):
     _register(_p)
 
 SWEEP: tuple[str, ...] = (
@@ -39,6 +40,7 @@ SWEEP: tuple[str, ...] = (
     "cp4-interleave",
     "cp8-large-ids",
     "cp8-span-2-31",
+    "cp2-past-2-31",
     "cp3-no-power-of-two",
     "large-steps",
     "kbs-cp1",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..contract import INT32_MAX
 from .batch_shape import _BatchShape
 from .corner_counts import _CornerCounts
 from .lifecycle import (  # noqa: F401 - Append, Finished, Release are re-exported
@@ -149,7 +150,7 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
             self._digest(step)
             steps.append(step)
         unfinished = [
-            Finished(r.uid, r.row, r.nct, r.prefix_len)
+            Finished(r.uid, r.row, r.nct, r.prefix_len, r.read_from)
             for r in sorted(self.running.values(), key=lambda r: r.uid)
         ]
         return Workload(
@@ -239,7 +240,9 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
         for req, n in scheduled:
             self._give_blocks(step, req, req.nct + n)
             entries.append((req.uid, req.row, req.nct, n))
-            self.nct_rows[req.row] = req.nct
+            # int32, as engines pass it: a far start's count past 2**31 is clamped, which
+            # masks nothing (such presets configure no window, `Preset.validate`).
+            self.nct_rows[req.row] = min(req.nct, INT32_MAX)
         self._count_step_corners(scheduled)
         self._shape_writes(step)
         step = self._batch(step, entries)

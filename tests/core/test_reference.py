@@ -93,3 +93,34 @@ def test_ranks_partition_positions_and_round_trip(cp_size, interleave):
 def test_position_outside_row_is_refused():
     with pytest.raises(IndexError):
         slots_for_positions(np.array([1]), np.array([4]), 4, 1, 0, 1)
+
+
+@pytest.mark.parametrize("cp_size", [1, 2, 8])
+@pytest.mark.parametrize("interleave", [1, 4])
+@pytest.mark.parametrize("start", [0, 37, 64])
+def test_a_window_of_positions_is_the_tail_of_the_whole(cp_size, interleave, start):
+    """`owned_positions(..., start)` and `read_slots(..., first)` equal the tails of the
+    whole arrays: rank k's local tokens [local_len(start), local_len(L)) hold exactly
+    its positions in [start, L), so a far start is read without arrays of its length."""
+    bs, seq_len = 16, 150
+    row = np.arange(100, 100 + seq_len // bs + 1)
+    for k in range(cp_size):
+        whole = owned_positions(seq_len, k, cp_size, interleave, bs)
+        tail = owned_positions(seq_len, k, cp_size, interleave, bs, start=start)
+        np.testing.assert_array_equal(tail, whole[whole >= start])
+        first, n = (
+            local_len(start, k, cp_size, interleave),
+            local_len(seq_len, k, cp_size, interleave),
+        )
+        assert len(tail) == n - first
+        np.testing.assert_array_equal(
+            read_slots(row, n, bs, first=first), read_slots(row, n, bs)[first:]
+        )
+
+
+def test_owned_positions_past_2_31_cost_only_the_window():
+    """Positions [2**31 - 3, 2**31 + 5) of a cp 2, interleave 2 layout: 8 positions, 4 a rank."""
+    start, end = 2**31 - 3, 2**31 + 5
+    got = [owned_positions(end, k, 2, 2, 2**20, start=start).tolist() for k in range(2)]
+    assert sorted(got[0] + got[1]) == list(range(start, end))
+    assert got[0] == [p for p in range(start, end) if (p // 2) % 2 == 0]

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from cp_blocktables import reference
 from cp_blocktables.contract import PAD_SLOT_ID
 from cp_blocktables.harness import presets
 from cp_blocktables.harness.checks import GroupChecker, Violation, agreement_violations
@@ -28,13 +29,14 @@ Corrupt = Callable[[object, np.ndarray, list[np.ndarray]], None]
 
 
 def _drive(
-    name: str,
+    name: str | presets.Preset,
     steps: int,
     corrupt: Corrupt | None = None,
     seed: int = 0,
     digests: Callable[[int], list[str]] | None = None,
 ) -> GroupChecker:
-    preset = presets.PRESETS[name].with_overrides(num_steps=steps)
+    preset = presets.PRESETS[name] if isinstance(name, str) else name
+    preset = preset.with_overrides(num_steps=steps)
     workload = generate(preset, seed)
     executors = []
     for k in range(preset.cp_size):
@@ -182,6 +184,52 @@ def test_foreign_kv_is_check_5():
     found = checker.read_back(10, [req])
     assert found and {v.check for v in found} == {5}
     assert "request 999 position 3" in found[0].actual
+
+
+FAR = presets.PRESETS["cp2-past-2-31"]
+
+
+def _read_requests(checker: GroupChecker) -> list:
+    return [f for s in checker.workload.steps for f in s.finished] + checker.workload.unfinished
+
+
+def test_far_requests_are_read_back_from_their_start_only():
+    """Check 5 reads a far request's positions `[read_from, seq_len)`, each once, and
+    nothing of its unseeded prefix: reads count exactly those positions."""
+    checker = _drive(FAR, 12)
+    assert checker.violations == []
+    reqs = _read_requests(checker)
+    assert any(f.read_from >= 2**31 - FAR.max_prompt_len for f in reqs)
+    for g in range(checker.num_groups):
+        want = sum(f.seq_len - f.read_from for f in reqs) if checker.enabled[g] else 0
+        assert checker.stats[g, :, 6].sum() == checker.stats[g, :, 5].sum() == want
+
+
+def _far_slot(checker: GroupChecker, req, position: int) -> tuple[int, int]:
+    """`(rank, slot)` where `position` of `req` lies in group 0 (SPEC.md section 2)."""
+    row = np.asarray(checker.req_blocks[req.uid][0], dtype=np.int64)
+    for k in range(checker.cp_size):
+        slot = reference.slots_for_positions(
+            row, np.array([position]), checker.block_sizes[0], checker.cp_size, k,
+            FAR.cp_interleave,
+        )[0]  # fmt: skip
+        if slot != PAD_SLOT_ID:
+            return k, int(slot)
+    raise AssertionError("no owner")
+
+
+def test_foreign_kv_past_2_31_is_check_5_and_the_prefix_is_never_read():
+    checker = _drive(FAR, 12)
+    req = next(f for f in checker.workload.unfinished if f.read_from)
+    k, slot = _far_slot(checker, req, req.seq_len - 1)
+    assert req.seq_len - 1 >= 2**31
+    below = _far_slot(checker, req, req.read_from - 1)
+    checker.kv[below[0]][0][below[1]] = (999 << 40) | 5  # in the prefix: not read
+    assert checker.read_back(12, [req]) == []
+    checker.kv[k][0][slot] = (999 << 40) | 3
+    found = checker.read_back(12, [req])
+    assert found and {v.check for v in found} == {5}
+    assert found[0].position == req.seq_len - 1 and "request 999 position 3" in found[0].actual
 
 
 def test_padding_row_not_zero_is_check_6():

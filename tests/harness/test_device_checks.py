@@ -20,6 +20,7 @@ import pytest
 import torch
 from harness_proc import run_cli
 
+from cp_blocktables import BlockTables
 from cp_blocktables.contract import PAD_SLOT_ID
 from cp_blocktables.harness import presets
 from cp_blocktables.harness.checks import GroupChecker
@@ -28,6 +29,7 @@ from cp_blocktables.harness.executor import _Executor
 from cp_blocktables.harness.features import constructor_kwargs, inspect_factory
 from cp_blocktables.harness.impl_loader import load_impl
 from cp_blocktables.harness.workload import generate
+from cp_blocktables.reference import slots_for_positions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.wrong_impls.catalogue import CATALOGUE  # noqa: E402
@@ -114,6 +116,26 @@ def test_tables_spanning_2_31_positions_pass_on_the_device_alone():
     host, dev = _both("cp8-span-2-31", 6)
     _assert_same(host, dev)
     assert host.violations == [] and dev.dev.fallbacks == 0 and dev.tokens_checked > 0
+
+
+@pytest.mark.parametrize("impl", [StandInBlockTables, BlockTables], ids=["stand-in", "ours"])
+def test_positions_past_2_31_pass_on_the_device_alone_and_fail_alike(impl):
+    """Far starts (`cp2-past-2-31`): the device reads back only positions from a
+    request's start, as the host does, and a foreign token there is the same check 5 on
+    both."""
+    host, dev = _both("cp2-past-2-31", 12, impl=impl)
+    _assert_same(host, dev)
+    assert host.violations == [] and dev.dev.fallbacks == 0 and dev.tokens_checked > 0
+    req = next(f for f in host.workload.unfinished if f.read_from)
+    row = np.asarray(host.req_blocks[req.uid][0], dtype=np.int64)
+    pos = np.array([req.seq_len - 1])
+    k = next(k for k in range(2) if slots_for_positions(row, pos, 2**20, 2, k, 8)[0] >= 0)
+    slot = int(slots_for_positions(row, pos, 2**20, 2, k, 8)[0])
+    for checker in (host, dev):
+        checker.kv[k][0][slot] = (999 << 40) | 3
+    found = host.read_back(12, [req])
+    assert {v.check for v in found} == {5} and found[0].position == req.seq_len - 1 >= 2**31
+    assert [v.as_dict() for v in dev.read_back(12, [req])] == [v.as_dict() for v in found]
 
 
 def test_forgetting_the_persistent_buffers_mid_run_keeps_both_paths_alike():

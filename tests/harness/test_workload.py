@@ -178,8 +178,8 @@ def _int32_positions(preset: presets.Preset) -> bool:
 @pytest.mark.parametrize("name", [*presets.SWEEP, *(p.name for p in MUTATION_PRESETS)])
 def test_span_corner_is_counted_where_the_kernels_leave_int32_positions(name):
     """`span_past_2_31` is counted, and promised, exactly by the presets whose tables make
-    the slot mapping compute positions in int64 (the sweep has one: it promises every
-    corner)."""
+    the slot mapping compute positions in int64 (the sweep's two, `preset_span`, promise
+    every corner)."""
     p = presets.PRESETS[name]
     int64 = not _int32_positions(p)
     assert (generate(p, 0).corners["span_past_2_31"] > 0) == int64
@@ -236,14 +236,24 @@ def test_bench_preset_fills_64k_tokens_per_step():
         ({"max_model_len": 64}, "max_model_len"),
         ({"block_id_base": 2**31 - 5}, "block ids"),
         ({"corners": frozenset({"nope"})}, "unknown"),
+        ({"far_start": 2**31}, "far_start 2147483648 plus the longest request"),
     ],
-    ids=["batch", "model_len", "ids", "corner"],
+    ids=["batch", "model_len", "ids", "corner", "far-start-past-model-len"],
 )
 def test_bad_preset_is_refused(overrides, message):
     import dataclasses
 
     bad = dataclasses.replace(presets.PRESETS["cp2-i1"], **overrides)
     with pytest.raises(ValueError, match=message):
+        bad.validate()
+
+
+def test_far_start_with_a_window_is_refused():
+    """`num_computed_tokens` is int32: a far start's count is clamped, which a window reads."""
+    p = presets.PRESETS["cp1-window"]
+    assert any(g.window for g in p.groups)
+    bad = dataclasses.replace(p, far_start=1)
+    with pytest.raises(ValueError, match="far_start with a sliding window"):
         bad.validate()
 
 
