@@ -19,12 +19,14 @@ SPAN_PRESETS: tuple[Preset, ...] = (
         name="cp8-span-2-31",
         description="cp 8, interleave 16: block sizes of 2**18 to 2**21 tokens, so every "
         "table row spans 2**31 positions (the slot mapping's int64 position path) in 1,024 "
-        "columns; short requests",
+        "columns, and one group whose single block of 2**31 tokens spans them; short requests",
         groups=(
             GroupSpec(2**18),
             GroupSpec(2**19, kernel_block_size=2**18),
             GroupSpec(2**21, sharded=False),
             GroupSpec(2**18, enabled=False),
+            # One column of 2**31 positions: its block size itself does not fit int32.
+            GroupSpec(2**31, sharded=False),
         ),
         cp_size=8,
         cp_interleave=16,
