@@ -19,7 +19,7 @@ CHECKS = {
     8: "an append past a row's capacity raises RuntimeError and changes nothing",
     9: "construction refuses an invalid config with ValueError naming the argument",
     10: "integrity checks (SPEC.md 8.3) raise RuntimeError: shared slot, stale count, wrong row",
-    11: "after a sleep, the wake-up rebuilds every derived tensor; reads as if no sleep (8.4)",
+    11: "after a sleep or a reallocation, the rebuild leaves nothing stale; reads as before (8.4)",
 }
 
 _TAG_SHIFT = 40

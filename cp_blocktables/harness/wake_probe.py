@@ -33,6 +33,16 @@ own constructor arguments (the workload's instance never sleeps):
    padded batch must be zero again: without the sleep they would be, and the
    step's gather need not touch them (the call before it wrote no more rows).
 
+5. the reallocation (SPEC.md 3: `init_block_table_layout_tensors()` rebuilds
+   the pointer, stride and size tensors after the tables are reallocated):
+   every group's `block_tables[g].gpu` becomes a view `[:, :width]` of fresh
+   memory whose rows are wider than the table's (so row `r` starts at `r`
+   times the stride, not the width), filled with junk; then
+   `init_block_table_layout_tensors()`, both rows appended anew with other
+   block ids (`overwrite=True`) and applied, and the same reads once more.
+   An apply into the old tables, or a row found by its width, differs there.
+   Skipped where the tables cannot be replaced.
+
 Anything raised, kept, moved or different is check 11, naming what happened.
 An implementation without `init_block_table_layout_tensors` is reported as
 "not supported by this implementation", never as a pass.
@@ -56,6 +66,9 @@ WAKE_UP = "init_block_table_layout_tensors"
 NOT_SUPPORTED = f"{WAKE_UP}() (SPEC.md 8.4): {UNSUPPORTED}"
 _FIRST_ID = 7  # allocator block ids from here: far from the null block 0
 _MAX_TOKENS_A_ROW = 16  # keep it cheap
+_SPARE_COLUMNS = 3  # a reallocated table's row pitch past its width
+_JUNK = 0x5A5A5A5A  # what a reallocated table holds before the re-appends
+_MOVED_IDS = 64  # the re-appends' ids: these far from the ones before
 
 
 class _Found(Exception):
@@ -95,6 +108,7 @@ def probe_wake_up(
         return [], None
     try:
         _wake(impl, step, device, fused, np.random.default_rng([*seed, cp_rank]))
+        _reallocate(impl, ref, step, fused)
     except _Found as f:
         what, expected, actual, where = f.violation
         return [_violation(what, cp_rank, expected, actual, **where)], None
@@ -143,6 +157,31 @@ def _wake(impl, step: _Step, device, fused: bool, rng) -> None:
     step.read(impl, "after the wake-up", fused=False)
     if fused:
         step.read(impl, "after the wake-up", fused=True)
+
+
+def _reallocate(impl, ref: ReferenceBlockTables, step: _Step, fused: bool) -> None:
+    """Move every table into a wider allocation, rebuild, re-append other ids, read again."""
+    tables = getattr(impl, "block_tables", None)
+    if not tables or not all(isinstance(getattr(t, "gpu", None), torch.Tensor) for t in tables):
+        return
+    for t in tables:
+        rows, width = t.gpu.shape
+        wide = torch.full((rows, width + _SPARE_COLUMNS), _JUNK, dtype=t.gpu.dtype,
+                          device=t.gpu.device)  # fmt: skip
+        try:
+            t.gpu = wide[:, :width]
+        except AttributeError:  # tables this implementation does not let an engine replace
+            return
+    _call(f"{WAKE_UP}() after the tables were reallocated", getattr(impl, WAKE_UP))
+    step.ids = [[[i + _MOVED_IDS for i in g] for g in row] for row in step.ids]
+    for i, row in enumerate(step.rows):
+        _call(f"appending row {row} after the tables were reallocated",
+              impl.append_block_ids, row, tuple(step.ids[i]), True)  # fmt: skip
+        ref.append_block_ids(row, step.ids[i], True)
+    _call("apply_staged_writes after the tables were reallocated", impl.apply_staged_writes)
+    step.read(impl, "after the tables were reallocated", fused=False)
+    if fused:
+        step.read(impl, "after the tables were reallocated", fused=True)
 
 
 class _Step:

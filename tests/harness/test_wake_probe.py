@@ -11,12 +11,13 @@ import pytest
 import torch
 from harness_proc import ROOT, run_cli
 
-from cp_blocktables import BlockTables
+from cp_blocktables import BlockTables, StagedWriteTensor
 from cp_blocktables.harness import presets, probes, wake_probe
 from cp_blocktables.harness.features import constructor_kwargs, inspect_factory, missing_methods
 
 sys.path.insert(0, str(ROOT))
 from tests.impls.pure_python import BlockTables as PurePython
+from tests.wrong_impls.catalogue_ours import OursRowsByWidth
 from tests.wrong_impls.stand_in import StandInBlockTables
 from tests.wrong_impls.wake_catalogue import VERIFY_CHECK, WAKE_CATALOGUE
 
@@ -123,6 +124,37 @@ def test_every_wake_catalogue_defect_is_check_11(name, says):
     assert [v.check for v in found] == [VERIFY_CHECK] and says in found[0].what, [
         v.describe() for v in found
     ]
+
+
+@pytest.mark.parametrize("preset", ["mutation", "mutation-odd"])
+def test_a_slot_mapping_that_finds_rows_by_width_fails_after_the_reallocation(preset):
+    found, _ = _probe(OursRowsByWidth, preset, ranks=[0])
+    assert [v.check for v in found] == [VERIFY_CHECK]
+    assert found[0].what.startswith("compute_slot_mappings after the tables were reallocated")
+
+
+class _FixedTable(StagedWriteTensor):
+    """A table whose `.gpu` cannot be replaced (a property without a setter)."""
+
+    @property
+    def gpu(self) -> torch.Tensor:
+        return self.__dict__["gpu"]
+
+
+class FixedTablesRowsByWidth(OursRowsByWidth):
+    """Finds rows by width, but no engine can reallocate its tables: nothing tells."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for t in self.block_tables:
+            t.__class__ = _FixedTable
+
+
+def test_tables_that_cannot_be_replaced_skip_only_the_reallocation():
+    assert _probe(FixedTablesRowsByWidth, "mutation", ranks=[0]) == ([], {None})
+    found, _ = _probe(type("Raises", (RaisesOnWakeUp, FixedTablesRowsByWidth), {}), "mutation",
+                      ranks=[0])  # fmt: skip
+    assert [v.check for v in found] == [VERIFY_CHECK]
 
 
 def test_a_defect_without_any_sleep_is_left_to_the_workloads_checks():

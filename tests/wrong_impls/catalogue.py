@@ -23,6 +23,7 @@ from .catalogue_ours import (
     OursDummyNotDirty,
     OursInt32Slots,
     OursNoWindowMask,
+    OursRowsByWidth,
 )
 from .catalogue_slots import (
     AllRanksWrite,
@@ -100,6 +101,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "later_groups_not_applied": _entry(LaterGroupsNotApplied, 6),
     "ours_int32_slots": _entry(OursInt32Slots, 2),
     "ours_no_window_mask": _entry(OursNoWindowMask, 6),
+    "ours_rows_by_width": _entry(OursRowsByWidth, 11),
     "dummy_tables_not_dirty": _entry(DummyTablesNotDirty, 6),
     "ours_dummy_not_dirty": _entry(OursDummyNotDirty, 6),
     "tokens_past_tile_dropped": _entry(TokensPastTileDropped, 1),

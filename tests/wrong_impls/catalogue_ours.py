@@ -37,3 +37,14 @@ class OursDummyNotDirty(BlockTables):
         out = super().get_dummy_block_tables(num_reqs)
         self._input_rows_written = 0
         return out
+
+
+class OursRowsByWidth(BlockTables):
+    """The project's BlockTables, its slot mapping finding row `r` at `r` times the table's
+    width, not its row stride: right for the tables it allocates, wrong for tables an
+    engine reallocates as views of wider rows (SPEC.md 3), which the wake-up probe makes."""
+
+    def init_block_table_layout_tensors(self) -> None:
+        super().init_block_table_layout_tensors()
+        widths = [t.gpu.shape[1] for t in self.block_tables]
+        self._layout.params[:, 3] = torch.tensor(widths, dtype=torch.int64)
