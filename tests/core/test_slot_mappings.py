@@ -115,6 +115,13 @@ CASES = [
         [(0, 2**31 + 5, 6), (1, 2**31 - 3, 6)],
         pos32=False,
     ),
+    _case(  # the span is exactly 2**31, so every position fits int32, but the block size,
+        # 2**31, does not: POS32 must hold only below 2**31, or slots come out negative
+        "cp1-one-block-of-2**31-positions",
+        _config(block_sizes=[2**31], max_num_blocks_per_group=[1]),
+        [(3, 2**31 - 7, 5), (-1, 0, 2), (0, 17, 4), (5, 2**31 - 2, 2)],
+        pos32=False,
+    ),
     _case(
         "cp1-slots-past-2**31",
         _config(block_sizes=[16, 12], max_num_blocks_per_group=[64, 96]),
