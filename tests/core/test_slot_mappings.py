@@ -152,10 +152,15 @@ def _batch(requests, num_groups: int):
     return idx, qsl, pos
 
 
-def _build(torch_device, config: dict, requests, first_id: int):
-    """`BlockTables` and reference with every row the batch names full of distinct ids."""
+def _build(torch_device, config: dict, requests, first_id: int, reallocate=None):
+    """`BlockTables` and reference with every row the batch names full of distinct ids;
+    `reallocate(table)`: each table's replacement, installed before the appends."""
     bt = BlockTables(device=torch_device, **config)
     ref = ReferenceBlockTables(BlockTablesConfig(**config))
+    if reallocate is not None:
+        for table in bt.block_tables:
+            table.gpu = reallocate(table.gpu)
+        bt.init_block_table_layout_tensors()
     next_id = first_id
     for r in sorted({r for r, _, _ in requests if r >= 0}):
         ids = []
@@ -273,6 +278,47 @@ def test_the_first_query_start_loc_entry_is_never_read(
     bt.slot_mappings.fill_(GARBAGE)
     t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
     bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 8)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
+@pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
+@pytest.mark.parametrize(
+    ("config", "spare"),
+    [
+        pytest.param(_config(), 3, id="cp1-3-spare-columns"),
+        pytest.param(
+            _config(block_sizes=[12, 24], cp_size=3, cp_rank=2, cp_interleave=4), 8,
+            id="cp3-not-pow2-8-spare-columns",
+        ),
+    ],
+)  # fmt: skip
+def test_tables_reallocated_with_a_wider_row_pitch_are_read_at_their_row_stride(
+    torch_device, force_layout, layout, config, spare
+):
+    """An engine may reallocate the tables and call `init_block_table_layout_tensors()`
+    (SPEC.md 3), which takes any int32 table of unit column stride and disjoint rows: here
+    views of a wider allocation whose spare columns hold garbage. Row `r` starts `r` row
+    strides into the table, not `r` widths: the slots are the reference's in both layouts
+    and in the fused read."""
+
+    def pitched(table: torch.Tensor) -> torch.Tensor:
+        rows, width = table.shape
+        wide = torch.full((rows, width + spare), GARBAGE, dtype=table.dtype, device=table.device)
+        return wide[:, :width].zero_()
+
+    # 12 tokens (C * I under cp 3) give rows past 0 tokens on every rank
+    requests = [(3, 300, 12), (0, 17, 5), (-1, 0, 1), (5, 100, 12), (7, 41, 12)]
+    bt, ref = _build(torch_device, config, requests, 1, reallocate=pitched)
+    assert all(t.gpu.stride(0) == t.gpu.shape[1] + spare for t in bt.block_tables)
+    idx, qsl, pos = _batch(requests, bt.num_kv_cache_groups)
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    force_layout(layout)
+    bt.slot_mappings.fill_(GARBAGE)
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 48)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+    bt.slot_mappings.fill_(GARBAGE)
+    bt.gather_and_compute_slot_mappings(t(idx), len(idx), t(qsl), t(pos), 48)
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
 
 
