@@ -444,32 +444,42 @@ _AT_PAGE_END = textwrap.dedent(
         ref.append_block_ids(r, ids, True)
     bt.apply_staged_writes()
     idx, qsl, pos = [1, 0], [0, 3, 5], [7, 8, 9, 0, 1]
-    padded = int(sys.argv[1])
+    padded, given = int(sys.argv[1]), int(sys.argv[2])
+    if given < len(pos):
+        bt.validate_inputs = False  # fewer positions than tokens: unchecked input
     bt.compute_slot_mappings(at_page_end(idx, np.int32), at_page_end(qsl, np.int32),
-                             at_page_end(pos, np.int64), padded)
+                             at_page_end(pos[:given], np.int64), padded)
     expected = ref.slot_mappings(np.array(idx), np.array(qsl), np.array(pos), 256)
-    np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
+    # tokens of the batch past the positions given have no slot to hold to
+    known = [t for t in range(256) if not given <= t < qsl[-1]]
+    np.testing.assert_array_equal(bt.slot_mappings.numpy()[:, known], expected[:, known])
     print(bt._slot_plan.layout(len(idx), padded))
     """
 )
 
 
 @pytest.mark.parametrize(
-    ("host_tile", "padded", "layout"),
+    ("host_tile", "padded", "given", "layout"),
     [
-        pytest.param("16", 200, "tile", id="by-tile-small-tiles"),
-        pytest.param("65536", 200, "tile", id="by-tile-one-program"),
-        pytest.param("16", 8, "request", id="by-request-small-tiles"),
+        pytest.param("16", 200, 5, "tile", id="by-tile-small-tiles"),
+        pytest.param("65536", 200, 5, "tile", id="by-tile-one-program"),
+        pytest.param("16", 8, 5, "request", id="by-request-small-tiles"),
+        pytest.param("16", 200, 4, "tile", id="by-tile-positions-short-unchecked"),
+        pytest.param("16", 8, 4, "request", id="by-request-positions-short-unchecked"),
     ],
 )
-def test_inputs_that_end_at_an_unreadable_page_are_read_within_bounds(host_tile, padded, layout):
+def test_inputs_that_end_at_an_unreadable_page_are_read_within_bounds(
+    host_tile, padded, given, layout
+):
     """`query_start_loc`, `idx_mapping` and `positions` each end at the last bytes before an
     unreadable page: a load one entry past any of them (a search step taken after the search
-    has converged at `num_reqs`) is a segmentation fault. In a child process, so that a crash
-    fails the test, not pytest."""
+    has converged at `num_reqs`) is a segmentation fault. With `given` 4, `positions` holds
+    one entry fewer than the batch has tokens, refused when validating and unchecked with
+    `validate_inputs` off, where the kernels still read no entry past it
+    (docs/contract-notes.md). In a child process, so that a crash fails the test, not pytest."""
     env = {**os.environ, _common.HOST_TILE_ENV: host_tile}
     proc = subprocess.run(
-        [sys.executable, "-c", _AT_PAGE_END, str(padded)],
+        [sys.executable, "-c", _AT_PAGE_END, str(padded), str(given)],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
