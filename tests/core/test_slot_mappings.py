@@ -159,10 +159,15 @@ def _batch(requests, num_groups: int):
     return idx, qsl, pos
 
 
-def _build(torch_device, config: dict, requests, first_id: int):
-    """`BlockTables` and reference with every row the batch names full of distinct ids."""
+def _build(torch_device, config: dict, requests, first_id: int, reallocate=None):
+    """`BlockTables` and reference with every row the batch names full of distinct ids;
+    `reallocate(table)`: each table's replacement, installed before the appends."""
     bt = BlockTables(device=torch_device, **config)
     ref = ReferenceBlockTables(BlockTablesConfig(**config))
+    if reallocate is not None:
+        for table in bt.block_tables:
+            table.gpu = reallocate(table.gpu)
+        bt.init_block_table_layout_tensors()
     next_id = first_id
     for r in sorted({r for r, _, _ in requests if r >= 0}):
         ids = []
@@ -280,6 +285,47 @@ def test_the_first_query_start_loc_entry_is_never_read(
     bt.slot_mappings.fill_(GARBAGE)
     t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
     bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 8)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
+@pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
+@pytest.mark.parametrize(
+    ("config", "spare"),
+    [
+        pytest.param(_config(), 3, id="cp1-3-spare-columns"),
+        pytest.param(
+            _config(block_sizes=[12, 24], cp_size=3, cp_rank=2, cp_interleave=4), 8,
+            id="cp3-not-pow2-8-spare-columns",
+        ),
+    ],
+)  # fmt: skip
+def test_tables_reallocated_with_a_wider_row_pitch_are_read_at_their_row_stride(
+    torch_device, force_layout, layout, config, spare
+):
+    """An engine may reallocate the tables and call `init_block_table_layout_tensors()`
+    (SPEC.md 3), which takes any int32 table of unit column stride and disjoint rows: here
+    views of a wider allocation whose spare columns hold garbage. Row `r` starts `r` row
+    strides into the table, not `r` widths: the slots are the reference's in both layouts
+    and in the fused read."""
+
+    def pitched(table: torch.Tensor) -> torch.Tensor:
+        rows, width = table.shape
+        wide = torch.full((rows, width + spare), GARBAGE, dtype=table.dtype, device=table.device)
+        return wide[:, :width].zero_()
+
+    # 12 tokens (C * I under cp 3) give rows past 0 tokens on every rank
+    requests = [(3, 300, 12), (0, 17, 5), (-1, 0, 1), (5, 100, 12), (7, 41, 12)]
+    bt, ref = _build(torch_device, config, requests, 1, reallocate=pitched)
+    assert all(t.gpu.stride(0) == t.gpu.shape[1] + spare for t in bt.block_tables)
+    idx, qsl, pos = _batch(requests, bt.num_kv_cache_groups)
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    force_layout(layout)
+    bt.slot_mappings.fill_(GARBAGE)
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 48)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+    bt.slot_mappings.fill_(GARBAGE)
+    bt.gather_and_compute_slot_mappings(t(idx), len(idx), t(qsl), t(pos), 48)
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
 
 
@@ -405,32 +451,42 @@ _AT_PAGE_END = textwrap.dedent(
         ref.append_block_ids(r, ids, True)
     bt.apply_staged_writes()
     idx, qsl, pos = [1, 0], [0, 3, 5], [7, 8, 9, 0, 1]
-    padded = int(sys.argv[1])
+    padded, given = int(sys.argv[1]), int(sys.argv[2])
+    if given < len(pos):
+        bt.validate_inputs = False  # fewer positions than tokens: unchecked input
     bt.compute_slot_mappings(at_page_end(idx, np.int32), at_page_end(qsl, np.int32),
-                             at_page_end(pos, np.int64), padded)
+                             at_page_end(pos[:given], np.int64), padded)
     expected = ref.slot_mappings(np.array(idx), np.array(qsl), np.array(pos), 256)
-    np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
+    # tokens of the batch past the positions given have no slot to hold to
+    known = [t for t in range(256) if not given <= t < qsl[-1]]
+    np.testing.assert_array_equal(bt.slot_mappings.numpy()[:, known], expected[:, known])
     print(bt._slot_plan.layout(len(idx), padded))
     """
 )
 
 
 @pytest.mark.parametrize(
-    ("host_tile", "padded", "layout"),
+    ("host_tile", "padded", "given", "layout"),
     [
-        pytest.param("16", 200, "tile", id="by-tile-small-tiles"),
-        pytest.param("65536", 200, "tile", id="by-tile-one-program"),
-        pytest.param("16", 8, "request", id="by-request-small-tiles"),
+        pytest.param("16", 200, 5, "tile", id="by-tile-small-tiles"),
+        pytest.param("65536", 200, 5, "tile", id="by-tile-one-program"),
+        pytest.param("16", 8, 5, "request", id="by-request-small-tiles"),
+        pytest.param("16", 200, 4, "tile", id="by-tile-positions-short-unchecked"),
+        pytest.param("16", 8, 4, "request", id="by-request-positions-short-unchecked"),
     ],
 )
-def test_inputs_that_end_at_an_unreadable_page_are_read_within_bounds(host_tile, padded, layout):
+def test_inputs_that_end_at_an_unreadable_page_are_read_within_bounds(
+    host_tile, padded, given, layout
+):
     """`query_start_loc`, `idx_mapping` and `positions` each end at the last bytes before an
     unreadable page: a load one entry past any of them (a search step taken after the search
-    has converged at `num_reqs`) is a segmentation fault. In a child process, so that a crash
-    fails the test, not pytest."""
+    has converged at `num_reqs`) is a segmentation fault. With `given` 4, `positions` holds
+    one entry fewer than the batch has tokens, refused when validating and unchecked with
+    `validate_inputs` off, where the kernels still read no entry past it
+    (docs/contract-notes.md). In a child process, so that a crash fails the test, not pytest."""
     env = {**os.environ, _common.HOST_TILE_ENV: host_tile}
     proc = subprocess.run(
-        [sys.executable, "-c", _AT_PAGE_END, str(padded)],
+        [sys.executable, "-c", _AT_PAGE_END, str(padded), str(given)],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
