@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
+import triton
+from triton.backends import backends as triton_backends
 
 from cp_blocktables import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor, UvaBufferPool
 from cp_blocktables._jit import launch_counts
 from cp_blocktables.buffers import uva_view
+from cp_blocktables.kernels import staged_writes
 
 
 def test_pool_round_robin_keeps_earlier_buffers(torch_device):
@@ -308,6 +313,64 @@ def test_the_interpreted_apply_divides_by_no_zero(fused):
     else:
         tensors[-1].apply_write()
     np.testing.assert_array_equal(tensors[-1].gpu.numpy(), expected)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+def test_the_apply_reads_no_entry_before_cu_lens(torch_device, fused):
+    """Write 0's contents begin at element 0: the kernel takes that 0 and never loads
+    `cu_lens[-1]`. Through `StagedWriteTensor` that entry lies before the staging buffer,
+    outside any tensor, so a load of it reads whatever memory holds there and shows only where
+    that is not 0. Here `cu_lens` is a view one entry into a tensor whose first entry is -2: a
+    load of `cu_lens[-1]` moves write 0 two columns right."""
+    i32 = lambda values: torch.tensor(values, dtype=torch.int32, device=torch_device)  # noqa: E731
+    dst = torch.zeros((2, 8), dtype=torch.int32, device=torch_device)
+    rows, starts, contents = i32([0, 1]), i32([1, 2]), i32([1, 2, 3, 4, 5])
+    cu_lens = i32([-2, 3, 5])[1:]
+    if fused:
+        ptrs = torch.tensor([dst.data_ptr()], dtype=torch.uint64, device=torch_device)
+        strides = torch.tensor([dst.stride(0)], dtype=torch.int64, device=torch_device)
+        staged_writes.apply_fused_writes(
+            torch_device, ptrs, strides, i32([0, 0]), rows, starts, cu_lens, contents
+        )
+    else:
+        staged_writes.apply_writes(dst, rows, starts, cu_lens, contents)
+    assert dst.cpu().tolist() == [[0, 1, 2, 3, 0, 0, 0, 0], [0, 0, 4, 5, 0, 0, 0, 0]]
+
+
+def _compiled_apply_ttir(fused: bool) -> str:
+    """The apply kernel's TTIR as Triton compiles it for a Hopper GPU (no GPU needed)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = staged_writes._apply_writes_kernel._compiled
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update(
+        dst="*u64" if fused else "*i32", dst_strides="*i64" if fused else "i64",
+        tensor_ids="*i32", rows="*i32", starts="*i32", cu_lens="*i32", contents="*i32",
+    )  # fmt: skip
+    constants = dict(SEARCH_STEPS=4, FUSED=fused, TILE=1024)
+    signature.update({name: "constexpr" for name in constants})
+    constants = {(kernel.arg_names.index(name),): v for name, v in constants.items()}
+    source = ASTSource(kernel, signature, constants)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ttir"]
+
+
+@pytest.mark.skipif(
+    "nvidia" not in triton_backends,
+    reason="this Triton has no CUDA back end to compile with",
+)
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+def test_the_compiled_apply_builds_and_divides_no_flags(fused):
+    """What CUDA launches, built on CPU: the interpreter never compiles it. Every load mask
+    must be boolean (the compiler refuses a float one), and no integer division may take a
+    boolean operand: numpy gives `x // False == 0`, so a flag divided by a flag acts as `&`
+    in the interpreter, while LLVM folds an i1 division to its dividend (dividing by zero is
+    undefined) and drops the divisor's condition on a GPU."""
+    ttir = _compiled_apply_ttir(fused)
+    flag_divisions = re.findall(
+        r"arith\.(?:div|rem|floordiv|ceildiv)\w*[^\n]*:\s*(?:tensor<[^>]*x)?i1\b", ttir
+    )
+    assert flag_divisions == []
 
 
 def test_fused_writer_one_launch_for_all_tensors(torch_device):

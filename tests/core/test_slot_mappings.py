@@ -586,6 +586,45 @@ def test_each_back_end_launches_its_own_constants():
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("text", "tile"),
+    [
+        pytest.param(None, 65536, id="unset-65536"),
+        pytest.param("16", 16, id="16"),
+        pytest.param("2048", 2048, id="2048"),
+        pytest.param("65536", 65536, id="65536"),
+    ],
+)
+def test_the_host_tile_setting_takes_powers_of_two_from_16(monkeypatch, text, tile):
+    """`CPBT_HOST_TILE` names the interpreted programs' size (`cp-blocktables mutate` sets 16)."""
+    if text is None:
+        monkeypatch.delenv(_common.HOST_TILE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_common.HOST_TILE_ENV, text)
+    assert _common._host_tile_setting() == tile
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("8", id="a-power-of-two-below-16"),
+        pytest.param("24", id="24-adjacent-bits"),
+        pytest.param("20", id="20-no-adjacent-bits"),
+        pytest.param("40", id="40-no-adjacent-bits"),
+        pytest.param("0x40", id="not-decimal"),
+    ],
+)
+def test_the_host_tile_setting_refuses_other_sizes(monkeypatch, text):
+    """A program's size must be a power of two (`tl.arange` takes no other) and at least 16:
+    anything else is refused when the kernels are imported, naming the variable. 20 and 40
+    have no two adjacent bits set, which a test of `n & (n >> 1)` would let through."""
+    monkeypatch.setenv(_common.HOST_TILE_ENV, text)
+    with pytest.raises(
+        ValueError, match=rf"CPBT_HOST_TILE must be a power of two >= 16, got '{text}'"
+    ):
+        _common._host_tile_setting()
+
+
 @pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
 def test_a_gpus_constants_map_as_the_reference_on_cpu(layout):
     """The constants a GPU launches with (512-token tiles, 1024-token request steps, a search
