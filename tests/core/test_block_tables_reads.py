@@ -143,13 +143,27 @@ def test_slot_mapping_into_caller_buffer(pair):
     np.testing.assert_array_equal(out.cpu().numpy()[0], [24, 25] + [P] * 8)
 
 
-def test_dummy_slot_mappings_fill_whole_buffer(pair):
+@pytest.mark.parametrize(
+    "num_tokens",
+    [
+        pytest.param(0, id="no-tokens"),
+        pytest.param(3, id="some-tokens"),
+        pytest.param(32, id="max_num_batched_tokens"),
+    ],
+)
+def test_dummy_slot_mappings_fill_whole_buffer(pair, num_tokens):
+    """Every count in `[0, max_num_batched_tokens]` (32 here) fills the whole buffer and
+    returns `[:, :num_tokens]` (SPEC.md 3): an engine's profiling run passes the largest."""
     p = pair(**small())
     p.append(0, ([6],))
     p.bt.apply_staged_writes()
     p.slots([0], [0, 4], [0, 1, 2, 3], 4)
-    view = p.bt.get_dummy_slot_mappings(3)
-    assert view.shape == (1, 3) and view.data_ptr() == p.bt.slot_mappings.data_ptr()
+    view = p.bt.get_dummy_slot_mappings(num_tokens)
+    assert view.shape == (1, num_tokens)
+    # A view of the buffer's start (storage, not data_ptr: that is 0 for an empty view).
+    base = p.bt.slot_mappings
+    assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    assert view.storage_offset() == base.storage_offset()
     np.testing.assert_array_equal(p.bt.slot_mappings.cpu().numpy(), P)
 
 

@@ -108,24 +108,33 @@ def test_capacity_check_uses_expanded_length_and_stages_nothing(pair):
     ("ids", "message"),
     [
         pytest.param(
-            ([1, 2, 3, 4, 5], []),
+            ([1, 2, 3, 4, 5], [], []),
             r"group 0: blocks would end at 5, past the row capacity 4",
             id="allocator-blocks",
         ),
         pytest.param(
-            ([], [1, 2]),
+            ([], [1, 2], []),
             r"group 1: kernel blocks would end at 8, past the row capacity 4",
             id="kernel-blocks",
+        ),
+        pytest.param(
+            ([], [], [1, 2]),
+            r"group 2: kernel blocks would end at 4, past the row capacity 2",
+            id="two-kernel-blocks-a-block",
         ),
     ],
 )
 def test_capacity_error_names_the_groups_unit(ids, message):
     """End and capacity are in kernel blocks (docs/contract-notes.md), and the message says
-    so where a block is several kernel blocks (group 1, m = 4); where it is one (group 0),
-    it says blocks, as on the lean path."""
+    so where a block is several kernel blocks (group 1, m = 4; group 2, m = 2, the
+    smallest such factor); where it is one (group 0), it says blocks, as on the lean path."""
     bt = BlockTables(
         device="cpu",
-        **cfg(block_sizes=[4, 8], max_num_blocks_per_group=[4, 1], kernel_block_sizes=[4, 2]),
+        **cfg(
+            block_sizes=[4, 8, 8],
+            max_num_blocks_per_group=[4, 1, 1],
+            kernel_block_sizes=[4, 2, 4],
+        ),
     )
     with pytest.raises(RuntimeError, match=message):
         bt.append_block_ids(0, ids, False)
