@@ -418,6 +418,44 @@ def test_cpu_pointers_are_checked_on_every_call_even_when_rewritten_in_place():
         bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
 
 
+class _CudaLooking(torch.Tensor):
+    """A host tensor that reports a CUDA device: the CUDA cache of verified pointer tensors
+    runs without a GPU (the values are read as on CUDA, through `tolist`)."""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("rewritten-in-place", r"ptrs\[1\] = 0x3000 but want\[1\] is 0x2000"),
+        ("destinations-moved", r"ptrs\[1\] = 0x2000 but want\[1\] is 0x3000"),
+    ],
+    ids=["rewritten-in-place", "destinations-moved"],
+)
+def test_the_cuda_pointer_cache_reads_a_tensor_again_once_it_or_its_destinations_change(
+    monkeypatch, change, message
+):
+    """The module doc of `guards`: a verified CUDA pointer tensor is trusted only while its
+    `_version` and the values it must hold are those it was checked with; written in place
+    through torch, or with its destinations moved, it is read again and refused if wrong.
+    (tests/core/test_cuda.py holds the same on a real CUDA tensor.)"""
+    monkeypatch.setattr(guards, "_verified", {})
+    cuda = torch.device("cuda")
+    want = [0x1000, 0x2000]
+    t = torch.tensor(want, dtype=torch.int64).as_subclass(_CudaLooking)
+    guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)  # read and remembered
+    assert len(guards._verified) == 1
+    if change == "rewritten-in-place":
+        t[1] = 0x3000
+    else:
+        want = [0x1000, 0x3000]
+    with pytest.raises(ValueError, match=message):
+        guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)
+
+
 def test_slot_mappings_refuse_an_out_with_overlapping_rows(torch_device):
     bt = _bt_with_rows(torch_device)
     out = torch.full((1, 64), 9, dtype=torch.int64, device=torch_device).expand(2, 64)
