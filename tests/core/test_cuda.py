@@ -177,6 +177,33 @@ def test_verified_address_tensors_are_not_read_again(monkeypatch):
         torch.cuda.set_sync_debug_mode(0)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("rewritten-in-place", r"ptrs\[1\] = 0x3000 but want\[1\] is 0x2000"),
+        ("destinations-moved", r"ptrs\[1\] = 0x2000 but want\[1\] is 0x3000"),
+    ],
+    ids=["rewritten-in-place", "destinations-moved"],
+)
+def test_a_remembered_address_tensor_is_read_again_once_it_or_its_destinations_change(
+    monkeypatch, change, message
+):
+    """The guards' module doc: a remembered CUDA pointer tensor is read again when it was
+    written in place through torch (its `_version` moved) or its destinations moved, so a
+    value that no longer matches is refused as on the first check, not trusted."""
+    monkeypatch.setattr(guards, "_verified", {})
+    cuda = torch.device("cuda")
+    want = [0x1000, 0x2000]
+    t = torch.tensor(want, dtype=torch.int64, device=cuda)
+    guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)  # read and remembered
+    if change == "rewritten-in-place":
+        t[1] = 0x3000
+    else:
+        want = [0x1000, 0x3000]
+    with pytest.raises(ValueError, match=message):
+        guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)
+
+
 def test_remembered_address_tensors_fill_the_cache_but_never_pass_its_limit(monkeypatch):
     """The cache of verified CUDA pointer tensors grows to `_CACHE_LIMIT` entries, no more."""
     monkeypatch.setattr(guards, "_verified", {})
