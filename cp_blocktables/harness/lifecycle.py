@@ -107,10 +107,7 @@ class _LifeCycle:
         rules = reference.ReferenceBlockTables(cfg).rules  # not the contract's helpers
         self.reach = rules.reach
         self.pass_nct = any(w > 0 for w in cfg.sliding_window_reach)
-        pool = preset.block_pool_size()
-        self.alloc = [
-            _Allocator(preset.block_id_base + g * pool, pool) for g in range(self.num_groups)
-        ]
+        self.alloc = [_Allocator(*preset.block_id_range(g)) for g in range(self.num_groups)]
         self.virtual = [b * c for b, c in zip(rules.block_sizes, rules.group_cp)]
         self.free_rows = list(range(cfg.max_num_reqs))
         self.used_rows: set[int] = set()

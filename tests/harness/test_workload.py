@@ -235,9 +235,14 @@ def test_bench_preset_fills_64k_tokens_per_step():
         ({"max_batch_reqs": 99}, "max_batch_reqs"),
         ({"max_model_len": 64}, "max_model_len"),
         ({"block_id_base": 2**31 - 5}, "block ids"),
+        ({"groups": (GroupSpec(2, first_block_id=2**31 - 8),)}, "block ids of group 0"),
+        (
+            {"block_id_base": 10, "groups": (GroupSpec(8), GroupSpec(2, first_block_id=12))},
+            "groups 0 and 1",
+        ),
         ({"corners": frozenset({"nope"})}, "unknown"),
     ],
-    ids=["batch", "model_len", "ids", "corner"],
+    ids=["batch", "model_len", "ids", "group-ids", "ids-overlap", "corner"],
 )
 def test_bad_preset_is_refused(overrides, message):
     import dataclasses
