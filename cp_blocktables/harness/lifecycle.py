@@ -112,6 +112,7 @@ class _LifeCycle:
         self.free_rows = list(range(cfg.max_num_reqs))
         self.used_rows: set[int] = set()
         self.running: dict[int, _Request] = {}
+        self.admissions = 0
         self.next_uid = 0
         self.pending: list[Release] = []
         self.nct_rows = np.zeros(cfg.max_num_reqs, dtype=np.int32)
@@ -137,6 +138,10 @@ class _LifeCycle:
         want_prefix = prompt_len is None and (
             rng.random() < p.prefix_prob or self._overdue("prefix_cached_start")
         )
+        if not self.admissions and "small_slot_beside_pad" in p.corners:
+            # The first request holds every group's first block: from position 0 its
+            # first step writes it, slots 1 and 2 where a group's ids start at 1.
+            want_prefix = False
         short = (
             prompt_len is None
             and not want_prefix
@@ -172,6 +177,7 @@ class _LifeCycle:
             [set() for _ in range(g)],
         )
         self.running[req.uid] = req
+        self.admissions += 1
         step.admitted.append(Finished(req.uid, row, target, prefix))
         if self.plot_uid is None and prefix == 0 and target >= 2 * far and prompt_len is None:
             self.plot_uid = req.uid

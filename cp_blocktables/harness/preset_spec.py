@@ -77,6 +77,7 @@ CORNERS = (
     "kernel_blocks",
     "kernel_blocks_mixed",
     "interleave_eq_kernel",
+    "small_slot_beside_pad",
 )
 """Every corner the workload generator counts (SPEC.md section 6's list, spelled out)."""
 
