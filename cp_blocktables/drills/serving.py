@@ -17,7 +17,8 @@ keeps a small model of an engine's state:
 
 Block ids: the harness's workload gives group `g` the ids
 `[base + g * pool, base + (g + 1) * pool)` (`base` = the preset's
-`block_id_base`, `pool` = its `block_pool_size()`), plus the null block 0.
+`block_id_base`, `pool` = its `block_pool_size()`), or `pool` ids from the
+group's own `first_block_id`, plus the null block 0 (`Preset.block_id_range`).
 A cache holds exactly those: row 0 is the null block, row `1 + i` is block
 `first_block + i`, so presets whose ids pass 2**31 still fit in memory.
 """
@@ -212,8 +213,7 @@ class KVCache:
 
 def block_id_range(preset: Preset, group: int) -> tuple[int, int]:
     """`(first, count)`: the block ids the workload hands out to `group` (the null block aside)."""
-    pool = preset.block_pool_size()
-    return preset.block_id_base + group * pool, pool
+    return preset.block_id_range(group)
 
 
 class ServingState:

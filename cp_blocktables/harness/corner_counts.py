@@ -7,9 +7,10 @@ those of the configuration and the traffic
 (interleave against block size, mixed groups, windows at their boundary,
 wide rows, slots past 2**31, tokens mapped through a table that spans 2**31
 positions or at positions past 2**31, in a layout where no size is a power of
-two or where one alone is not). A mixin of the workload generator
-(`workload._Generator`); the life cycle (`lifecycle`) and the batch shape
-(`batch_shape`) count the corners they reach themselves.
+two or where one alone is not), and slots 1 and 2 written beside tokens 0 and 1
+without a slot. A mixin of the workload generator (`workload._Generator`); the
+life cycle (`lifecycle`) and the batch shape (`batch_shape`) count the corners
+they reach themselves.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from .. import reference
+from ..contract import PAD_SLOT_ID
 
 if TYPE_CHECKING:
     from .lifecycle import _Request
@@ -46,6 +50,51 @@ class _CornerCounts:
         c["batch_order_shuffled"] += bool((np.diff(rows) < 0).any())
         self.prev_num_tokens = step.num_tokens
         self.rows_high = max(self.rows_high, step.num_reqs_padded)
+        if step.kind == "real":
+            self._count_small_slots_beside_pad(step)
+
+    def _count_small_slots_beside_pad(self, step: Step) -> None:
+        """`small_slot_beside_pad`: a rank writes slot `2 - t` of a group while token `t`
+        (0 or 1) has no slot there (a dummy's token, or a position another rank owns).
+
+        Slots 1 and 2 are the smallest outside the null block (which holds the slots
+        below the block size): only a group of block size 1 or 2 whose ids start at 1
+        writes them. An integrity check (SPEC.md 8.3) compares slots and must keep the
+        tokens without one apart from them, whatever stands in for their slot: ours
+        sorts them under `-2 - t`, and a sign lost there gives 2 and 1. Groups of
+        larger blocks cannot reach this and are skipped, so they cost nothing here.
+        """
+        cfg = self.cfg
+        for g in range(self.num_groups):
+            if cfg.block_sizes[g] > 2 or not cfg.slot_mapping_enabled[g]:
+                continue
+            for k in range(cfg.group_cp_size(g)):
+                slots = self._rank_slots(step, g, k)
+                live = slots[slots >= cfg.block_sizes[g]]
+                for t in range(min(2, slots.size)):
+                    self.corners["small_slot_beside_pad"] += bool(
+                        slots[t] == PAD_SLOT_ID and (live == 2 - t).any()
+                    )
+
+    def _rank_slots(self, step: Step, g: int, k: int) -> np.ndarray:
+        """SPEC.md section 2's slot of every token of `step` in group `g` on CP rank `k`
+        (PAD for a dummy's tokens), from the requests' own blocks, not from any table."""
+        cfg, qsl = self.cfg, step.query_start_loc
+        slots = np.full(step.num_tokens, PAD_SLOT_ID, dtype=np.int64)
+        for b, uid in enumerate(step.uids.tolist()):
+            if uid < 0:
+                continue
+            lo, hi = int(qsl[b]), int(qsl[b + 1])
+            slots[lo:hi] = reference.slots_for_positions(
+                np.asarray(self.running[uid].blocks[g], dtype=np.int64),
+                step.positions[lo:hi],
+                cfg.block_sizes[g],
+                cfg.group_cp_size(g),
+                k,
+                cfg.cp_interleave,
+                cfg.kernel_block_sizes[g],
+            )
+        return slots
 
     def _count_step_corners(self, scheduled: list[tuple[_Request, int]]) -> None:
         cfg, c, p = self.cfg, self.corners, self.p

@@ -114,14 +114,12 @@ class _LifeCycle:
         rules = reference.ReferenceBlockTables(cfg).rules  # not the contract's helpers
         self.reach = rules.reach
         self.pass_nct = any(w > 0 for w in cfg.sliding_window_reach)
-        pool = preset.block_pool_size()
-        self.alloc = [
-            _Allocator(preset.block_id_base + g * pool, pool) for g in range(self.num_groups)
-        ]
+        self.alloc = [_Allocator(*preset.block_id_range(g)) for g in range(self.num_groups)]
         self.virtual = [b * c for b, c in zip(rules.block_sizes, rules.group_cp)]
         self.free_rows = list(range(cfg.max_num_reqs))
         self.used_rows: set[int] = set()
         self.running: dict[int, _Request] = {}
+        self.admissions = 0
         self.next_uid = 0
         self.pending: list[Release] = []
         self.nct_rows = np.zeros(cfg.max_num_reqs, dtype=np.int32)
@@ -149,6 +147,10 @@ class _LifeCycle:
             or self._overdue("prefix_cached_start")
             or self._overdue("position_past_2_31")
         )
+        if not self.admissions and "small_slot_beside_pad" in p.corners:
+            # The first request holds every group's first block: from position 0 its
+            # first step writes it, slots 1 and 2 where a group's ids start at 1.
+            want_prefix = False
         short = (
             prompt_len is None
             and not want_prefix
@@ -176,6 +178,7 @@ class _LifeCycle:
             read_from=prefix if far else 0,
         )
         self.running[req.uid] = req
+        self.admissions += 1
         step.admitted.append(Finished(req.uid, row, target, prefix, req.read_from))
         if self.plot_uid is None and prefix == 0 and target >= 2 * far_block and prompt_len is None:
             self.plot_uid = req.uid

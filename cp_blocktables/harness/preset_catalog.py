@@ -124,13 +124,18 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
     Preset(
         name="cp2-i1",
         description="cp 2, interleave 1: sharded, unsharded and disabled groups side by side; "
-        "integrity checks on (SPEC.md 8.3: no false alarm, and the probes' faults raise)",
+        "integrity checks on (SPEC.md 8.3: no false alarm, and the probes' faults raise), "
+        "with a group of block size 2 whose ids start at 1: slots 1 and 2 beside tokens "
+        "without a slot",
         groups=(
             GroupSpec(16),
             GroupSpec(32, sharded=False),
             GroupSpec(16, enabled=False),
             GroupSpec(8),
+            # Block 1 holds slots 2 and 3: slot 2 beside a token 0 that a rank does not own.
+            GroupSpec(2, first_block_id=1),
         ),
+        block_id_base=2**16,  # the other groups' ids lie above group 4's
         cp_size=2,
         cp_interleave=1,
         num_steps=19,
@@ -146,7 +151,8 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         corners=_DUMMY_IN_TABLE
         | COMMON
         | {"profiled_rows_reclaimed"}
-        | {"interleave_1", "mixed_groups", "several_block_sizes", "spec_decode", "spec_rejected"},
+        | {"interleave_1", "mixed_groups", "several_block_sizes", "spec_decode", "spec_rejected"}
+        | {"small_slot_beside_pad"},
     ),
     Preset(
         name="cp4-interleave",

@@ -81,6 +81,7 @@ CORNERS = (
     "kernel_blocks",
     "kernel_blocks_mixed",
     "interleave_eq_kernel",
+    "small_slot_beside_pad",
 )
 """Every corner the workload generator counts (SPEC.md section 6's list, spelled out)."""
 
@@ -91,6 +92,10 @@ class GroupSpec:
 
     `kernel_block_size` (SPEC.md 8.1): the attention kernel's block, dividing
     `block_size`; 0 means equal to it (the constructor keyword is then omitted).
+    `first_block_id`: the first id the workload gives this group; 0 means the
+    preset's layout (`Preset.block_id_range`). A group of block size 1 or 2
+    whose ids start at 1 writes slots 1 and 2, the smallest outside the null
+    block, in a preset whose other ids lie far above.
     """
 
     block_size: int
@@ -98,6 +103,7 @@ class GroupSpec:
     enabled: bool = True
     window: int = 0
     kernel_block_size: int = 0
+    first_block_id: int = 0
 
     @property
     def kernel(self) -> int:
@@ -208,6 +214,15 @@ class Preset:
         """Block ids per group: enough that allocation never runs dry."""
         return self.max_num_reqs * max(self.max_num_blocks_per_group(), default=0) + 64
 
+    def block_id_range(self, g: int) -> tuple[int, int]:
+        """`(first, count)`: the block ids the workload hands group `g` (the null block aside).
+
+        Group `g` takes `[block_id_base + g * pool, ... + pool)`, or the pool from
+        its own `first_block_id` when it names one.
+        """
+        pool = self.block_pool_size()
+        return self.groups[g].first_block_id or self.block_id_base + g * pool, pool
+
     def config(self, cp_rank: int = 0) -> BlockTablesConfig:
         """The validated constructor arguments of rank `cp_rank` (raises `ValueError`)."""
         return BlockTablesConfig(
@@ -235,8 +250,6 @@ class Preset:
                 f"preset {self.name}: prompt + decode + speculative tokens "
                 f"({longest}) exceed max_model_len={self.max_model_len}"
             )
-        m = max((self.kernel_factor(g) for g in range(len(self.groups))), default=1)
-        end = (self.block_id_base + len(self.groups) * self.block_pool_size()) * m
         if self.giant_prefill and (
             self.giant_prefill > min(self.max_prefill_chunk, self.max_num_batched_tokens - 16)
             or self.giant_prefill + self.max_decode_len + self.spec_tokens + 1 > self.max_model_len
@@ -245,11 +258,7 @@ class Preset:
                 f"preset {self.name}: giant_prefill {self.giant_prefill} must fit one chunk, "
                 f"one step and max_model_len"
             )
-        if self.block_id_base < 1 or end > INT32_MAX:
-            raise ValueError(
-                f"preset {self.name}: block ids [{self.block_id_base}, {end}) "
-                f"(in kernel blocks) must lie in [1, {INT32_MAX}]"
-            )
+        self._validate_block_ids()
         self._validate_far_start(longest)
         unknown = self.corners - set(CORNERS)
         if unknown:
@@ -268,6 +277,25 @@ class Preset:
             )
         if any(g.window for g in self.groups):
             raise ValueError(f"preset {self.name}: far_start with a sliding window")
+
+    def _validate_block_ids(self) -> None:
+        """Every group's ids, in kernel blocks, lie in `[1, INT32_MAX]`, and no id is given
+        to two groups: a table mixed up with another group's must not name the same blocks."""
+        if self.block_id_base < 1:
+            raise ValueError(f"preset {self.name}: block ids must start at 1 or above")
+        taken: list[tuple[int, int, int]] = []
+        for g in range(len(self.groups)):
+            first, count = self.block_id_range(g)
+            m = self.kernel_factor(g)
+            if first < 1 or (first + count) * m > INT32_MAX:
+                raise ValueError(
+                    f"preset {self.name}: block ids of group {g} [{first * m}, "
+                    f"{(first + count) * m}) (in kernel blocks) must lie in [1, {INT32_MAX}]"
+                )
+            for h, lo, hi in taken:
+                if first < hi and lo < first + count:
+                    raise ValueError(f"preset {self.name}: block ids of groups {h} and {g} overlap")
+            taken.append((g, first, first + count))
 
     def describe(self) -> dict:
         """Every field, for reports (JSON-ready)."""

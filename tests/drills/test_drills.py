@@ -157,6 +157,6 @@ def test_warmup_steps_without_live_ids_stay_in_each_group_range():
 
 
 def test_plan_applies_overrides():
-    opts = DrillOptions(impls=[DEFAULT_IMPL], presets=["cp2-i1"], steps=3, cp_interleave=8)
+    opts = DrillOptions(impls=[DEFAULT_IMPL], presets=["cp2-i1"], steps=3, cp_interleave=2)
     (p,) = plan(opts, 4)
-    assert (p.num_steps, p.cp_interleave, p.cp_size) == (3, 8, 2)
+    assert (p.num_steps, p.cp_interleave, p.cp_size) == (3, 2, 2)

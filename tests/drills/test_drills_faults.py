@@ -63,7 +63,7 @@ def test_fault_scenarios_end_named_and_leave_nothing(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("preset", "expected"), [("cp2-i1", 8), ("default", 16), ("cp1-window", 2)]
+    ("preset", "expected"), [("cp2-i1", 2), ("default", 16), ("cp1-window", 2)]
 )
 def test_the_mismatch_picks_an_interleave_the_preset_accepts(preset, expected):
     assert _other_interleave(preset) == expected

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from cp_blocktables import BlockTables
-from cp_blocktables.contract import INT32_MAX, NULL_BLOCK_ID
+from cp_blocktables.contract import INT32_MAX, NULL_BLOCK_ID, PAD_SLOT_ID
 from cp_blocktables.harness import presets
 from cp_blocktables.harness.preset_extras import MUTATION_PRESETS
 from cp_blocktables.harness.preset_spec import GroupSpec
 from cp_blocktables.harness.workload import _Generator, generate
+from cp_blocktables.reference import ReferenceBlockTables
 
 PRESET_NAMES = list(presets.PRESETS)
 SEEDS = [0, 1, 7]
@@ -224,6 +225,59 @@ def test_span_corner_counts_each_token_mapped_in_a_table_spanning_2_31(
     assert w.corners["span_past_2_31"] == wide * w.num_real_tokens
 
 
+def _small_slots_beside_pad(preset: presets.Preset, workload) -> int:
+    """`small_slot_beside_pad` recounted from the steps alone: each rank's tables rebuilt
+    from the appends by the reference, its slot mapping of every real step, and each
+    token `t < 2` without a slot where a live slot (past the null block) equals `2 - t`."""
+    refs = [ReferenceBlockTables(preset.config(k)) for k in range(preset.cp_size)]
+    count = 0
+    for step in workload.steps:
+        if step.kind == "dummy":
+            continue
+        for ref in refs:
+            ref.redirect_writes_to_null_block = step.kind == "warmup"
+            for a in step.appends:
+                if not a.expect_error:
+                    ref.append_block_ids(a.row, a.block_ids, a.overwrite)
+        if step.kind == "warmup":
+            continue
+        for g, size in enumerate(preset.block_sizes):
+            for ref in refs[: preset.group_cp_size(g)]:
+                qsl, n = step.query_start_loc, step.num_tokens
+                row = ref.slot_mappings(step.idx_mapping, qsl, step.positions, n)[g]
+                live = row[row >= size]
+                count += sum(
+                    bool(row[t] == PAD_SLOT_ID and (live == 2 - t).any()) for t in range(min(2, n))
+                )
+    return count
+
+
+# (id, the group added to cp2-i1's first four, whether the corner is reached)
+SMALL_SLOT_CASES = [
+    ("cp2-i1-as-is", None, True),
+    ("block-size-1-ids-from-1", GroupSpec(1, first_block_id=1), True),
+    ("block-size-2-ids-far-above", GroupSpec(2), False),
+    ("block-size-3-ids-from-1", GroupSpec(3, first_block_id=1), False),
+    ("disabled", GroupSpec(2, enabled=False, first_block_id=1), False),
+]
+
+
+@pytest.mark.parametrize(
+    ("group", "reached"), [c[1:] for c in SMALL_SLOT_CASES], ids=[c[0] for c in SMALL_SLOT_CASES]
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_small_slot_corner_counts_what_the_reference_writes(group, reached, seed):
+    """Slots 1 and 2 exist only in a group of block size 1 or 2 whose ids start at 1; the
+    corner counts, per rank, a token 0 or 1 without a slot beside live slot 2 or 1."""
+    p = presets.PRESETS["cp2-i1"]
+    if group is not None:
+        p = dataclasses.replace(p, groups=(*p.groups[:4], group))
+        p.validate()
+    w = generate(p, seed, reach=False)
+    assert w.corners["small_slot_beside_pad"] == _small_slots_beside_pad(p, w)
+    assert (w.corners["small_slot_beside_pad"] > 0) == reached
+
+
 def test_bench_preset_fills_64k_tokens_per_step():
     w = generate(presets.PRESETS["bench-64k"], 0)
     assert min(s.num_tokens for s in w.steps) >= 60_000
@@ -235,10 +289,23 @@ def test_bench_preset_fills_64k_tokens_per_step():
         ({"max_batch_reqs": 99}, "max_batch_reqs"),
         ({"max_model_len": 64}, "max_model_len"),
         ({"block_id_base": 2**31 - 5}, "block ids"),
+        ({"groups": (GroupSpec(2, first_block_id=2**31 - 8),)}, "block ids of group 0"),
+        (
+            {"block_id_base": 10, "groups": (GroupSpec(8), GroupSpec(2, first_block_id=12))},
+            "groups 0 and 1",
+        ),
         ({"corners": frozenset({"nope"})}, "unknown"),
         ({"far_start": 2**31}, "far_start 2147483648 plus the longest request"),
     ],
-    ids=["batch", "model_len", "ids", "corner", "far-start-past-model-len"],
+    ids=[
+        "batch",
+        "model_len",
+        "ids",
+        "group-ids",
+        "ids-overlap",
+        "corner",
+        "far-start-past-model-len",
+    ],
 )
 def test_bad_preset_is_refused(overrides, message):
     import dataclasses
