@@ -7,8 +7,7 @@ import re
 import numpy as np
 import pytest
 import torch
-import triton
-from triton.backends import backends as triton_backends
+from hopper import hopper_ttir, needs_cuda_backend
 
 from cp_blocktables import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor, UvaBufferPool
 from cp_blocktables._jit import launch_counts
@@ -339,9 +338,6 @@ def test_the_apply_reads_no_entry_before_cu_lens(torch_device, fused):
 
 def _compiled_apply_ttir(fused: bool) -> str:
     """The apply kernel's TTIR as Triton compiles it for a Hopper GPU (no GPU needed)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     kernel = staged_writes._apply_writes_kernel._compiled
     signature = {name: "i32" for name in kernel.arg_names}
     signature.update(
@@ -349,16 +345,10 @@ def _compiled_apply_ttir(fused: bool) -> str:
         tensor_ids="*i32", rows="*i32", starts="*i32", cu_lens="*i32", contents="*i32",
     )  # fmt: skip
     constants = dict(SEARCH_STEPS=4, FUSED=fused, TILE=1024)
-    signature.update({name: "constexpr" for name in constants})
-    constants = {(kernel.arg_names.index(name),): v for name, v in constants.items()}
-    source = ASTSource(kernel, signature, constants)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ttir"]
+    return hopper_ttir(kernel, signature, constants)
 
 
-@pytest.mark.skipif(
-    "nvidia" not in triton_backends,
-    reason="this Triton has no CUDA back end to compile with",
-)
+@needs_cuda_backend
 @pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
 def test_the_compiled_apply_builds_and_divides_no_flags(fused):
     """What CUDA launches, built on CPU: the interpreter never compiles it. Every load mask

@@ -17,8 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-import triton
-from triton.backends import backends as triton_backends
+from hopper import hopper_ttir, needs_cuda_backend
 
 from cp_blocktables import BlockTables, BlockTablesConfig
 from cp_blocktables._jit import launch_counts
@@ -675,9 +674,6 @@ def test_a_gpus_search_depth_finds_every_entry_on_cpu():
 
 def _compiled_ttir(by_request: bool, pow2: bool, pos32: bool) -> str:
     """The slot-mapping kernel's TTIR as Triton compiles it for a Hopper GPU (no GPU needed)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     kernel = slot_mappings._compute_slot_mappings_kernel._compiled
     signature = {name: "i32" for name in kernel.arg_names}
     signature.update(
@@ -688,16 +684,10 @@ def _compiled_ttir(by_request: bool, pow2: bool, pos32: bool) -> str:
         NUM_GROUPS=2, SEARCH_STEPS=4, POS32=pos32, POW2=pow2, PAD_ID=-1, TILE=512,
         BY_REQUEST=by_request, REQ_TILE=1024 if by_request else 1, REQ_TILES=8 if by_request else 1,
     )  # fmt: skip
-    signature.update({name: "constexpr" for name in constants})
-    constants = {(kernel.arg_names.index(name),): v for name, v in constants.items()}
-    source = ASTSource(kernel, signature, constants)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ttir"]
+    return hopper_ttir(kernel, signature, constants)
 
 
-@pytest.mark.skipif(
-    "nvidia" not in triton_backends,
-    reason="this Triton has no CUDA back end to compile with",
-)
+@needs_cuda_backend
 @pytest.mark.parametrize(
     ("by_request", "pow2", "pos32"),
     [
