@@ -211,11 +211,6 @@ class KVCache:
         return not bool(self.data[0].any())
 
 
-def block_id_range(preset: Preset, group: int) -> tuple[int, int]:
-    """`(first, count)`: the block ids the workload hands out to `group` (the null block aside)."""
-    return preset.block_id_range(group)
-
-
 class ServingState:
     """One rank's engine state for one preset: the implementation, its pool and its caches."""
 
@@ -226,7 +221,7 @@ class ServingState:
         cfg = preset.config(0)
         self.pool = RequestPool(cfg.max_num_reqs)
         self.caches = [
-            KVCache(bs, *block_id_range(preset, g)) for g, bs in enumerate(cfg.block_sizes)
+            KVCache(bs, *preset.block_id_range(g)) for g, bs in enumerate(cfg.block_sizes)
         ]
         self.writes = 0
         self.writes_outside = 0

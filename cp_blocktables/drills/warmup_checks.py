@@ -11,7 +11,7 @@ import torch
 from ..contract import NULL_BLOCK_ID
 from ..harness import presets
 from .report import finding
-from .serving import LiveBlocks, ServingState, block_id_range
+from .serving import LiveBlocks, ServingState
 
 FLAG = "redirect_writes_to_null_block"
 
@@ -124,7 +124,7 @@ def other_instance(
     device: torch.device,
 ) -> None:
     """Another instance, built during the warm-up, must stage what it is given."""
-    ids = [block_id_range(preset, g)[0] for g in range(preset.config(0).num_kv_cache_groups)]
+    ids = [preset.block_id_range(g)[0] for g in range(preset.config(0).num_kv_cache_groups)]
     try:
         other = construct(cls, preset, cp_rank, device)
         flag = getattr(other, FLAG)
@@ -151,7 +151,7 @@ def appends_after(
     found: list[dict], st: ServingState, preset: presets.Preset, rank: int, device: torch.device
 ) -> None:
     """After the warm-up, an append must be staged as given (read back through a gather)."""
-    ids = [block_id_range(preset, g)[0] for g in range(len(st.caches))]
+    ids = [preset.block_id_range(g)[0] for g in range(len(st.caches))]
     try:
         got = probe(st.impl, st.pool.free_rows()[0], ids, device)
     except Exception as e:  # noqa: BLE001

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..harness import presets
 from ..harness.workload import Append, Step, Workload
-from .serving import WARMUP_UID_BASE, block_id_range
+from .serving import WARMUP_UID_BASE
 
 
 def warmup_steps(preset: presets.Preset, seed: int, recent_ids: list[list[int]]) -> list[Step]:
@@ -53,7 +53,7 @@ def pick_ids(preset, g: int, n: int, recent_ids: list[list[int]], rng) -> list[i
     pool = recent_ids[g] if g < len(recent_ids) else []
     if len(pool) >= n:
         return [int(x) for x in rng.choice(pool, n, replace=False)]
-    first, count = block_id_range(preset, g)
+    first, count = preset.block_id_range(g)
     return [int(x) for x in rng.integers(first, first + count, n)]
 
 

@@ -108,7 +108,7 @@ def probe_wake_up(
         return [], None
     try:
         _wake(impl, step, device, fused, np.random.default_rng([*seed, cp_rank]))
-        _reallocate(impl, ref, step, fused)
+        _reallocate(impl, step, fused)
     except _Found as f:
         what, expected, actual, where = f.violation
         return [_violation(what, cp_rank, expected, actual, **where)], None
@@ -159,7 +159,7 @@ def _wake(impl, step: _Step, device, fused: bool, rng) -> None:
         step.read(impl, "after the wake-up", fused=True)
 
 
-def _reallocate(impl, ref: ReferenceBlockTables, step: _Step, fused: bool) -> None:
+def _reallocate(impl, step: _Step, fused: bool) -> None:
     """Move every table into a wider allocation, rebuild, re-append other ids, read again."""
     tables = getattr(impl, "block_tables", None)
     if not tables or not all(isinstance(getattr(t, "gpu", None), torch.Tensor) for t in tables):
@@ -177,7 +177,7 @@ def _reallocate(impl, ref: ReferenceBlockTables, step: _Step, fused: bool) -> No
     for i, row in enumerate(step.rows):
         _call(f"appending row {row} after the tables were reallocated",
               impl.append_block_ids, row, tuple(step.ids[i]), True)  # fmt: skip
-        ref.append_block_ids(row, step.ids[i], True)
+        step.ref.append_block_ids(row, step.ids[i], True)
     _call("apply_staged_writes after the tables were reallocated", impl.apply_staged_writes)
     step.read(impl, "after the tables were reallocated", fused=False)
     if fused:

@@ -11,7 +11,6 @@ import pytest
 from cp_blocktables.contract import NULL_BLOCK_ID
 from cp_blocktables.drills.driver import run_drill_in_process_group
 from cp_blocktables.drills.options import DrillOptions, plan
-from cp_blocktables.drills.serving import block_id_range
 from cp_blocktables.drills.warmup_steps import warmup_steps
 from cp_blocktables.harness.impl_loader import DEFAULT_IMPL
 from cp_blocktables.harness.presets import PRESETS
@@ -124,7 +123,7 @@ def test_warmup_steps_cover_every_row_with_ids_of_live_blocks(name):
     preset = PRESETS[name]
     cfg = preset.config(0)
     recent = [
-        list(range(block_id_range(preset, g)[0], block_id_range(preset, g)[0] + 40))
+        list(range(preset.block_id_range(g)[0], preset.block_id_range(g)[0] + 40))
         for g in range(len(preset.groups))
     ]
     steps = warmup_steps(preset, 3, recent)
@@ -152,7 +151,7 @@ def test_warmup_steps_without_live_ids_stay_in_each_group_range():
     for s in warmup_steps(preset, 0, []):
         for a in s.appends:
             for g, ids in enumerate(a.block_ids):
-                first, count = block_id_range(preset, g)
+                first, count = preset.block_id_range(g)
                 assert all(first <= b < first + count for b in ids)
 
 

@@ -11,7 +11,6 @@ from cp_blocktables.drills.serving import (
     KVCache,
     RequestPool,
     ServingState,
-    block_id_range,
     describe_tag,
     kv_tag,
 )
@@ -134,7 +133,7 @@ def test_every_block_the_workload_hands_out_has_a_cache_row(name):
     preset = PRESETS[name].with_overrides(num_steps=12)
     workload = generate(preset, 0)
     for g in range(len(preset.groups)):
-        first, count = block_id_range(preset, g)
+        first, count = preset.block_id_range(g)
         ids = [
             b
             for s in workload.steps
