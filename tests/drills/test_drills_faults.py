@@ -10,7 +10,7 @@ from harness_proc import child_env, leftover_processes, run_cli
 
 from cp_blocktables.drills.faults import FAULT_STEP, SCENARIOS, _other_interleave
 
-TIMEOUT = 10
+TIMEOUT = 20
 """Collective timeout of the drill, in seconds: short, yet long enough for a rank's start
 (torch and Triton imports, the census) on a loaded 2-core machine."""
 
