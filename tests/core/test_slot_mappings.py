@@ -382,6 +382,30 @@ def test_a_batch_larger_than_num_tokens_padded_said_is_still_mapped(torch_device
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
 
 
+@pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
+def test_a_batch_longer_than_the_output_buffer_writes_only_the_buffer(
+    torch_device, force_layout, layout
+):
+    """Unchecked input (validation off): a batch of 50 tokens into a caller's `out` of 40
+    (refused when validating, docs/bad-input.md: `[padded-below-tokens]`,
+    `[padded-above-buffer]`). The buffer gets the reference's slots of its 40 tokens, and no
+    store passes its end: `out` is a view of a wider tensor, whose spare columns must keep
+    their garbage. 40 tokens are no whole number of a request program's 32-token steps."""
+    requests = [(3, 50, 4), (-1, 0, 2), (1, 0, 40), (6, 77, 4)]
+    bt, ref = _build(torch_device, _config(), requests, 1)
+    bt.validate_inputs = False
+    idx, qsl, pos = _batch(requests, bt.num_kv_cache_groups)
+    out_len = 40
+    assert qsl[-1] > out_len
+    expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)[:, :out_len]
+    wide = torch.full((bt.num_kv_cache_groups, 64), GARBAGE, dtype=torch.int64, device=torch_device)
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    force_layout(layout)
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 8, out=wide[:, :out_len])
+    np.testing.assert_array_equal(wide[:, :out_len].cpu().numpy(), expected)
+    assert (wide[:, out_len:] == GARBAGE).all()
+
+
 def test_a_short_step_in_a_buffer_past_a_request_programs_reach_pads_every_entry(torch_device):
     """A buffer longer than SMALL_BATCH_TOKENS (9,100 tokens) and a step of two short requests:
     the host maps it by request, and its tail programs pad every entry past the batch up to
