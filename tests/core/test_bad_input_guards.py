@@ -366,17 +366,19 @@ def test_gather_refuses_an_out_list_of_the_wrong_length(torch_device):
         assert all(int((t != 9).sum()) == 0 for t in out)
 
 
-@pytest.mark.parametrize("case", ["3-d", "too-narrow", "column-stride-2"])
+@pytest.mark.parametrize("case", ["3-d", "too-narrow", "column-stride-2", "column-stride-0"])
 def test_gather_refuses_an_out_table_of_the_wrong_shape_or_stride(torch_device, case):
     """`out[1]` wrong in one property alone, rows disjoint: 3-D (`[4, 4, 1]`), 3 of the
-    group's 4 columns, or every other column of a wider table. Refused, and nothing is
-    written, not even past the view into the table it was cut from (docs/contract-notes.md)."""
+    group's 4 columns, every other column of a wider table, or one entry a row seen as 4
+    columns (column stride 0, row stride 8). Refused, and nothing is written, not even past
+    the view into the table it was cut from (docs/contract-notes.md)."""
     bt = _bt_with_rows(torch_device)
     base = torch.full((4, 8), 9, dtype=torch.int32, device=torch_device)
     wrong = {
         "3-d": base[:, :4].reshape(4, 4, 1).clone(),
         "too-narrow": base[:, :3],
         "column-stride-2": base[:, ::2],
+        "column-stride-0": base.as_strided((4, 4), (8, 0)),
     }[case]
     out = [torch.full((4, 8), 9, dtype=torch.int32, device=torch_device), wrong]
     idx = torch.tensor([2, 0], dtype=torch.int32, device=torch_device)
@@ -466,6 +468,28 @@ def test_slot_mappings_refuse_an_out_with_overlapping_rows(torch_device):
             torch.tensor([0], device=d), 1, out=out,
         )  # fmt: skip
     assert int((out != 9).sum()) == 0
+
+
+@pytest.mark.parametrize("case", ["int32", "one-row-for-two-groups", "column-stride-2"])
+def test_slot_mappings_refuse_an_out_of_the_wrong_dtype_shape_or_stride(torch_device, case):
+    """A slot-mapping `out` wrong in one property alone, rows disjoint: int32, one row for
+    two groups, or every other column of a wider buffer (docs/contract-notes.md: int64
+    `[num_groups, n]`, unit column stride). Refused, and nothing is written, not even into
+    the buffer it was cut from."""
+    bt = _bt_with_rows(torch_device)
+    base = torch.full((2, 128), 9, dtype=torch.int64, device=torch_device)
+    wrong = {
+        "int32": base[:, :64].to(torch.int32),
+        "one-row-for-two-groups": base[:1, :64],
+        "column-stride-2": base[:, ::2],
+    }[case]
+    d = torch_device
+    with pytest.raises(ValueError, match=r"out must be an int64 \[2, n\] tensor with unit column"):
+        bt.compute_slot_mappings(
+            torch.tensor([0], device=d), torch.tensor([0, 1], device=d),
+            torch.tensor([0], device=d), 1, out=wrong,
+        )  # fmt: skip
+    assert int((base != 9).sum()) == 0 and int((wrong != 9).sum()) == 0
 
 
 def test_one_row_outputs_are_accepted_whatever_their_row_stride(torch_device):

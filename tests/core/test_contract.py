@@ -200,6 +200,11 @@ def bt() -> BlockTables:
             id="position-past-table",
         ),
         pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(0, 1), I64(200), 1),
+            r"position 200 lies past group 0's table \(8 blocks cover 128\)",
+            id="position-well-past-table",
+        ),
+        pytest.param(
             lambda t: t.compute_slot_mappings(I32(1), I32(0, 2), I64(0, 1), 1),
             "less than the batch's 2 tokens",
             id="padded-below-tokens",

@@ -61,6 +61,15 @@ def test_a_bare_cuda_instance_takes_tensors_on_every_cuda_device(index):
     assert InputChecks(CONFIG, torch.device("cuda")).on_my_device(reporting_device(index))
 
 
+@pytest.mark.parametrize("name", ["idx_mapping", "positions"])
+@pytest.mark.parametrize("index", [0, 1, 3], ids=lambda i: f"cuda:{i}")
+def test_a_bare_cuda_instance_takes_index_tensors_on_every_cuda_device(index, name):
+    """`index_tensor` of a `cuda` instance takes a tensor on any CUDA index and returns its
+    length, whether the fast path or the slow one accepts it."""
+    checks = InputChecks(CONFIG, torch.device("cuda"))
+    assert checks.index_tensor(name, reporting_device(index)) == 2
+
+
 @pytest.mark.parametrize(
     ("device", "index"),
     [("cuda:1", 0), ("cuda:1", 3), ("cpu", 0)],
