@@ -363,6 +363,44 @@ def test_the_compiled_apply_builds_and_divides_no_flags(fused):
     assert flag_divisions == []
 
 
+@pytest.mark.parametrize(
+    ("device", "tile", "steps"),
+    [
+        pytest.param("cpu", 8, 3, id="cpu-7-elements-exact-depth"),
+        pytest.param("cuda", 1024, 4, id="cuda-1024-tile-depth-rounded-to-4"),
+    ],
+)
+def test_each_back_end_applies_with_its_own_constants(monkeypatch, device, tile, steps):
+    """The apply's tile and search depth per back end, for 5 writes of 7 elements: the
+    interpreter runs one program of the contents rounded up to a power of two (8) with the
+    exact depth (5 writes: 3 steps); a GPU compiles 1024-element programs and a depth rounded
+    up to a multiple of 4, so contents of every size share one compiled variant. Results do
+    not depend on them (the launch taken is then run on CPU), so only this test sees one back
+    end's constants taken for the other: the harness on CPU never launches a GPU's, and on
+    CUDA the interpreter's would only cost a compile per size."""
+    i32 = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
+    dst = torch.zeros((3, 4), dtype=torch.int32)
+    rows, starts = i32([0, 2, 1, 0, 2]), i32([1, 0, 2, 0, 3])
+    cu_lens, contents = i32([2, 4, 5, 6, 7]), i32([1, 2, 3, 4, 5, 6, 7])
+    launches = []
+    monkeypatch.setattr(
+        staged_writes._apply_writes_kernel,
+        "launch",
+        lambda *args, **kwargs: launches.append((args, kwargs)),
+    )
+    staged_writes.apply_fused_writes(
+        torch.device(device),
+        torch.tensor([dst.data_ptr()], dtype=torch.uint64),
+        torch.tensor([dst.stride(0)], dtype=torch.int64),
+        i32([0] * 5), rows, starts, cu_lens, contents,
+    )  # fmt: skip
+    monkeypatch.undo()
+    ((args, kwargs),) = launches
+    assert (args[1], kwargs["TILE"], kwargs["SEARCH_STEPS"]) == ((1,), tile, steps)
+    staged_writes._apply_writes_kernel.launch(torch.device("cpu"), *args[1:], **kwargs)
+    assert dst.tolist() == [[6, 1, 2, 0], [0, 0, 5, 0], [3, 4, 0, 7]]
+
+
 def test_fused_writer_one_launch_for_all_tensors(torch_device):
     tensors = [StagedWriteTensor((3, w), torch.int32, torch_device) for w in (2, 4, 8)]
     ptrs = torch.tensor(
