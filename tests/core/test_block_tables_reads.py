@@ -7,8 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hopper import hopper_ttir, needs_cuda_backend
 
 from cp_blocktables import NULL_BLOCK_ID, PAD_SLOT_ID
+from cp_blocktables.kernels import gather
 
 P = PAD_SLOT_ID
 
@@ -299,3 +301,24 @@ def test_long_prefill_spanning_many_tiles(host_tiles, pair):
     p.append(0, ([9], [8]))
     p.bt.apply_staged_writes()
     p.slots([-1, 2, 0], [0, 3, 3 + n, 5 + n], [7, 8, 9, *range(100, 100 + n), 0, 1], n + 8)
+
+
+# ------------------------------------------------------------------ what a GPU compiles
+
+
+@needs_cuda_backend
+@pytest.mark.parametrize("mask_window", [False, True], ids=["no-window", "sliding-window"])
+def test_the_compiled_gather_builds(mask_window):
+    """The gather kernel as CUDA launches it, with a GPU's own constants, built on CPU for a
+    Hopper GPU: the interpreter never compiles it. `gather_rows`, the work of one program,
+    must be a `dual_device_fn` for the compiled kernel to call it at all."""
+    kernel = gather._gather_block_tables_kernel._compiled
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update(
+        idx_mapping="*i32", src_ptrs="*u64", src_strides="*i64", dst_ptrs="*u64",
+        dst_strides="*i64", widths="*i32", num_blocks="*i32", block_sizes="*i64",
+        reaches="*i64", num_computed_tokens="*i32",
+    )  # fmt: skip
+    rows, constants = gather._gather_meta(False, 100, mask_window, 0)
+    assert (rows, constants["COLS"]) == (16, 128)  # 2048 entries a program, 128 columns
+    assert "tt.store" in hopper_ttir(kernel, signature, constants)

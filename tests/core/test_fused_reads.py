@@ -5,11 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hopper import hopper_ttir, needs_cuda_backend
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cp_blocktables import BlockTables
 from cp_blocktables._jit import launch_counts
+from cp_blocktables.kernels import fused_reads
 
 
 @st.composite
@@ -189,3 +191,32 @@ def test_zero_groups(torch_device):
     )
     assert tables == () and slots.shape == (0, 3)
     assert sum(launch_counts.values()) == total
+
+
+@needs_cuda_backend
+@pytest.mark.parametrize(
+    ("by_request", "mask_window"),
+    [
+        pytest.param(False, False, id="by-tile-no-window"),
+        pytest.param(True, True, id="by-request-sliding-window"),
+    ],
+)
+def test_the_compiled_fused_kernel_builds(by_request, mask_window):
+    """The fused read as CUDA launches it, built on CPU for a Hopper GPU: the interpreter
+    never compiles it. Every device function it calls (`gather_rows` and the slot mapping's)
+    must be a `dual_device_fn` for the compiled kernel to call it at all."""
+    kernel = fused_reads._gather_and_slot_mappings_kernel._compiled
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update(
+        idx_mapping="*i32", src_ptrs="*u64", src_strides="*i64", dst_ptrs="*u64",
+        dst_strides="*i64", widths="*i32", num_blocks="*i32", block_sizes="*i64",
+        reaches="*i64", num_computed_tokens="*i32", s_idx_mapping="*i32",
+        query_start_loc="*i32", positions="*i64", table_ptrs="*u64", group_params="*i64",
+        out="*i64",
+    )  # fmt: skip
+    constants = dict(
+        MAX_WIDTH=100, MASK_WINDOW=mask_window, ROWS=16, COLS=128, NUM_GROUPS=2,
+        SEARCH_STEPS=4, POS32=True, POW2=True, PAD_ID=-1, TILE=512, BY_REQUEST=by_request,
+        REQ_TILE=1024 if by_request else 1, REQ_TILES=8 if by_request else 1,
+    )  # fmt: skip
+    assert "tt.store" in hopper_ttir(kernel, signature, constants)

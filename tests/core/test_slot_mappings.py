@@ -675,21 +675,33 @@ def test_a_gpus_constants_map_as_the_reference_on_cpu(layout):
     np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
 
 
-def test_a_gpus_search_depth_finds_every_entry_on_cpu():
-    """The GPU's search depth for `max_num_reqs = 32` (6 steps, rounded up to 8), run by the
-    interpreter over one 512-token tile that spans 20 entries: a depth short of
-    `bit_length(num_reqs)` leaves later entries' tokens with an earlier entry's row."""
-    config = _config(max_num_reqs=32, max_num_batched_tokens=600)
-    requests = [((7 * b) % 32 if b % 5 else -1, 30 * b, 1 + b % 3) for b in range(20)]
+@pytest.mark.parametrize(
+    ("max_num_reqs", "num_entries"),
+    [
+        pytest.param(32, 20, id="32-rows-20-entries"),
+        pytest.param(16, 16, id="16-rows-16-entries"),
+    ],
+)
+def test_a_gpus_search_depth_finds_every_entry_on_cpu(max_num_reqs, num_entries):
+    """The GPU's search depth (`max_num_reqs.bit_length()`, 6 or 5 steps, rounded up to 8),
+    run by the interpreter over one 512-token tile that spans every entry: a depth short of
+    `bit_length(num_reqs)` leaves later entries' tokens with an earlier entry's row. 16
+    entries take a fifth step (17 candidates), which a depth of 4 lacks."""
+    config = _config(max_num_reqs=max_num_reqs, max_num_batched_tokens=600)
+    requests = [
+        ((7 * b) % max_num_reqs if b % 5 else -1, 30 * b, 1 + b % 3) for b in range(num_entries)
+    ]
     bt, ref = _build(torch.device("cpu"), config, requests, 1)
     idx, qsl, pos = _batch(requests, bt.num_kv_cache_groups)
     out_len = bt.max_num_batched_tokens
-    gpu = slot_mappings._SlotLaunch(False, bt.num_kv_cache_groups, out_len, bt._layout, 1, 32)
+    gpu = slot_mappings._SlotLaunch(
+        False, bt.num_kv_cache_groups, out_len, bt._layout, 1, max_num_reqs
+    )
     idx_t, qsl_t, pos_t = (torch.from_numpy(a) for a in (idx, qsl, pos))
     bt.slot_mappings.fill_(GARBAGE)
     slot_mappings._compute_slot_mappings_kernel.launch(
-        torch.device("cpu"), (gpu.tiles,), idx_t, len(idx), 32, qsl_t, pos_t, pos_t.shape[0],
-        *bt._slot_plan.tail, **gpu.tile_meta,
+        torch.device("cpu"), (gpu.tiles,), idx_t, len(idx), max_num_reqs, qsl_t, pos_t,
+        pos_t.shape[0], *bt._slot_plan.tail, **gpu.tile_meta,
     )  # fmt: skip
     expected = ref.slot_mappings(idx, qsl, pos, out_len)
     np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
