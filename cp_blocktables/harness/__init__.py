@@ -10,9 +10,9 @@ the independent reference. Modules, in the order a run meets them:
   peers), `dist` (one import for those), `soak` (round after round with fresh
   seeds);
 * what runs: `presets` (the registry: `PRESETS`, `SWEEP`, `resolve`) with
-  `preset_spec` (what a preset is), `preset_catalog` and `preset_span` (the
-  sweep's presets; the latter's pass 2**31) and `preset_extras` (benchmark and
-  mutation presets); `impl_loader` (an
+  `preset_spec` (what a preset is), `preset_catalog`, `preset_groups` and
+  `preset_span` (the sweep's presets; zero to six groups in the second, past
+  2**31 in the third) and `preset_extras` (benchmark and mutation presets); `impl_loader` (an
   implementation named `module:attribute`), `features` (what it accepts);
 * the workload: `workload` (the steps and their loop), `lifecycle` (requests,
   blocks, appends), `batch_shape` (a step's batch), `corner_counts`;

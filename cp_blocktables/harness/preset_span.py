@@ -89,4 +89,4 @@ SPAN_PRESETS: tuple[Preset, ...] = (
         },
     ),
 )
-"""In sweep order; `preset_catalog.SWEEP_PRESETS` holds the others."""
+"""In sweep order; `preset_catalog` and `preset_groups` hold the others."""

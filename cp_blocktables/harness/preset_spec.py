@@ -7,8 +7,9 @@ set of corners (SPEC.md section 6) that its workload must reach. The workload
 generator counts every corner; a preset whose run misses a promised corner
 fails (`missing_corners`).
 
-The presets themselves live in `preset_catalog` (the sweep) and
-`preset_extras` (benchmarks, mutation testing); `presets` registers them.
+The presets themselves live in `preset_catalog`, `preset_groups` and
+`preset_span` (the sweep) and `preset_extras` (benchmarks, mutation testing);
+`presets` registers them.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 A preset is a `BlockTables` configuration plus the knobs of its traffic and
 the corners its workload must reach; `preset_spec` says what one is
 (`GroupSpec`, `Preset`, `CORNERS`). The presets themselves are defined by
-family: `preset_catalog` and `preset_span` hold the sweep's, `preset_extras` the
-benchmark and mutation-testing ones. This module validates and registers them all in
-`PRESETS`, in that order, and resolves names and aliases.
+family: `preset_catalog`, `preset_groups` and `preset_span` hold the sweep's,
+`preset_extras` the benchmark and mutation-testing ones. This module validates
+and registers them all in `PRESETS`, in that order, and resolves names and
+aliases.
 
 `SWEEP` is what `make verify` runs: together its presets cover cp_size 1, 2, 3,
 4 and 8, interleave 1 up to the block size, mixed groups, sliding windows and
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from .preset_catalog import SWEEP_PRESETS
 from .preset_extras import BENCH_PRESETS, MUTATION_PRESETS
+from .preset_groups import GROUP_PRESETS
 from .preset_span import SPAN_PRESETS
 from .preset_spec import CORNERS, GroupSpec, Preset
 
@@ -30,7 +32,7 @@ def _register(p: Preset) -> Preset:
     return p
 
 
-for _p in (*SWEEP_PRESETS, *SPAN_PRESETS, *BENCH_PRESETS):
+for _p in (*SWEEP_PRESETS, *GROUP_PRESETS, *SPAN_PRESETS, *BENCH_PRESETS):
     _register(_p)
 
 SWEEP: tuple[str, ...] = (

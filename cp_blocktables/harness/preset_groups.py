@@ -1,0 +1,98 @@
+"""The sweep's presets of zero, one and six KV-cache groups.
+
+How many groups there are is a regime of its own: with none, every method must
+still work and return empty results; with one, the apply takes its single-table
+path (no fused writer); with six, the fused launch carries groups of block sizes
+4 to 128 and two sliding windows of other reaches side by side.
+"""
+
+from __future__ import annotations
+
+from .preset_spec import GroupSpec, Preset
+
+GROUP_PRESETS: tuple[Preset, ...] = (
+    Preset(
+        name="groups-0",
+        description="cp 2, no KV-cache group at all: every method still works",
+        groups=(),
+        cp_size=2,
+        cp_interleave=1,
+        num_steps=6,
+        max_num_reqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+        max_batch_reqs=4,
+        max_prefill_chunk=32,
+        max_prompt_len=100,
+        max_decode_len=10,
+        prefix_prob=0.0,
+        corners=frozenset({"zero_groups", "dummy_run"}),
+    ),
+    Preset(
+        name="groups-1",
+        description="cp 2, one group: the single-table apply path (no fused writer); a "
+        "full batch of short requests filling the token buffer; block size 20, the layout's "
+        "one size that is not a power of two (even, no two adjacent bits set)",
+        groups=(GroupSpec(20),),
+        cp_size=2,
+        cp_interleave=2,
+        num_steps=18,
+        max_num_reqs=4,
+        max_num_batched_tokens=256,
+        max_model_len=1024,
+        max_batch_reqs=4,
+        max_prefill_chunk=64,
+        max_prompt_len=500,
+        max_decode_len=20,
+        spec_tokens=1,
+        corners=frozenset(
+            {
+                "one_group",
+                "lone_non_power_of_two",
+                "writes_past_max_reqs",
+                "two_appends_one_row",
+                "overflow_refused",
+                "full_batch",
+                "full_step",
+                "gather_out",
+                "slot_out",
+                "profiling_writes",
+                "request_finished",
+            }
+        ),
+    ),
+    Preset(
+        name="groups-6",
+        description="cp 1, six groups: block sizes 4 to 128, two windows of other reaches",
+        groups=(
+            GroupSpec(16),
+            GroupSpec(32, window=64),
+            GroupSpec(8),
+            GroupSpec(128),
+            GroupSpec(16, enabled=False),
+            GroupSpec(4, window=10),
+        ),
+        cp_size=1,
+        cp_interleave=1,
+        num_steps=12,
+        max_num_reqs=4,
+        max_num_batched_tokens=128,
+        max_model_len=768,
+        max_batch_reqs=4,
+        max_prefill_chunk=64,
+        max_prompt_len=400,
+        max_decode_len=20,
+        corners=frozenset(
+            {
+                "many_groups",
+                "writes_past_max_reqs",
+                "append_then_overwrite",
+                "overflow_refused",
+                "window_boundary",
+                "nct_absent",
+                "profiling_writes",
+            }
+        ),
+    ),
+)
+"""In sweep order; `preset_catalog.SWEEP_PRESETS` and `preset_span.SPAN_PRESETS` hold the others."""
