@@ -26,6 +26,17 @@ def test_pool_round_robin_keeps_earlier_buffers(torch_device):
     assert b.tolist() == [3, 4, 5]
 
 
+@pytest.mark.parametrize("max_concurrency", [1, 2, 3, 4], ids=["one", "two", "three", "four"])
+def test_pool_rotates_through_every_buffer(torch_device, max_concurrency):
+    """SPEC.md 4: round-robin over `max_concurrency` buffers: each view stays intact for
+    `max_concurrency - 1` more publishes, and the next publish reuses the oldest buffer."""
+    pool = UvaBufferPool(4, torch.int32, max_concurrency=max_concurrency, device=torch_device)
+    views = [pool.copy_to_uva([k, k]) for k in range(max_concurrency)]
+    assert len({v.data_ptr() for v in views}) == max_concurrency
+    assert [v.tolist() for v in views] == [[k, k] for k in range(max_concurrency)]
+    assert pool.copy_to_uva([9]).data_ptr() == views[0].data_ptr()
+
+
 @pytest.mark.parametrize(
     "size, rows, grown",
     [
