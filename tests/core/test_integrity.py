@@ -71,6 +71,26 @@ def test_a_token_at_slot_0_is_not_named_as_negative(torch_device):
     assert "group 0: slot 40 is shared by token 1 (batch entry 0, row 1) and token 2" in text
 
 
+@pytest.mark.parametrize(
+    ("token", "entry"),
+    [(0, 0), (1, 0), (2, 2), (3, 3), (4, 3)],
+    ids=["first-token", "last-of-entry-0", "after-an-empty-entry", "first-of-last", "last"],
+)
+def test_a_faulty_token_is_named_with_its_batch_entry_and_row(torch_device, token, entry):
+    """SPEC.md 1: batch entry `b` holds tokens `[qsl[b], qsl[b+1])` (entry 1 here is empty);
+    a token with a negative slot is named with that entry and its row `idx_mapping[b]`."""
+    d = torch_device
+    idx = [3, 0, 2, 1]
+    row = [40 + t for t in range(5)]
+    row[token] = -5
+    s = ints([row], d, torch.int64)
+    text = integrity.explain_slot_mapping_faults(
+        s, ints([0, 2, 2, 3, 5], d), ints(idx, d), None, [16]
+    )
+    named = f"group 0: token {token} (batch entry {entry}, row {idx[entry]}) has negative slot -5"
+    assert named in text
+
+
 def test_slot_faults_are_named_up_to_8_of_each_kind(torch_device):
     """docs/contract-notes.md: up to 8 of each kind are named; the count says how many.
     Group 0: ten negative slots (tokens 0..9) and ten slots each shared by two tokens."""
