@@ -57,7 +57,7 @@ import torch
 
 from ..reference import ReferenceBlockTables
 from .features import UNSUPPORTED
-from .probes import _reference
+from .integrity_probes import probe_reference
 from .sleep import moved, simulate_sleep, survivors
 from .violations import Violation
 
@@ -100,7 +100,7 @@ def probe_wake_up(
         return [_violation(f"building the probe's instance raised {_name(e)}", cp_rank)], None
     if not callable(getattr(impl, WAKE_UP, None)):
         return [], NOT_SUPPORTED
-    ref = _reference(args, kwargs, cp_rank)
+    ref = probe_reference(args, kwargs, cp_rank)
     step = _Step(ref, device)
     try:
         _before(impl, ref, step, fused)
