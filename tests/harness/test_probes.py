@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from cp_blocktables import BlockTables, integrity
-from cp_blocktables.harness import presets, probes
+from cp_blocktables.harness import integrity_probes, presets, probes
 from cp_blocktables.harness.features import constructor_kwargs, inspect_factory
 from tests.impls.pure_python import BlockTables as PurePython
 from tests.wrong_impls.catalogue_contract import (
     STAND_IN_SIGNATURE,
     InterleaveNotChecked,
     KernelBlocksNotChecked,
+    OursIntegrityNamesMatchingGroups,
     OursIntegrityNeverOn,
     OursIntegrityTrustsDeviceCounts,
     RankWrapped,
@@ -36,7 +37,7 @@ def _findings(factory, preset_name: str, ranks=None) -> list:
         found += probes.probe_construction(factory, args, kwargs, accepts, rank)
         if kwargs.get("integrity_checks"):
             fused = hasattr(factory, "gather_and_compute_slot_mappings")
-            found += probes.probe_integrity(factory, args, kwargs, rank, fused)
+            found += integrity_probes.probe_integrity(factory, args, kwargs, rank, fused)
     return found
 
 
@@ -81,6 +82,15 @@ def test_integrity_checks_that_miss_a_planted_fault_are_check_10(impl, planted, 
         methods = {v.what.split()[0] for v in found if fault in v.what}
         assert methods - {"gather_and_compute_slot_mappings"}, fault
         assert fault == "alone" or "gather_and_compute_slot_mappings" in methods, fault
+
+
+@pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])
+def test_a_gather_fault_named_by_the_groups_that_match_is_check_10(preset):
+    """Only the probe whose aliased `out` leaves groups 0 and 3+ right can tell which group
+    a message names; the probe that aliases every group accepts any message naming row 0."""
+    found = _findings(OursIntegrityNamesMatchingGroups, preset, ranks=[0])
+    assert [v.check for v in found] == [10], [v.describe() for v in found]
+    assert "groups 1 and 2" in found[0].what and "naming one of" in found[0].expected
 
 
 class _WrongType(StandInBlockTables):
@@ -189,10 +199,14 @@ class _CountsOnly(BlockTables):
 
 @pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])
 def test_a_gather_check_that_misses_a_wrong_row_is_check_10(preset):
-    """One `out` tensor for every group: rows differ from their sources, counts are right."""
+    """An `out` tensor shared by groups: rows differ from their sources, counts are right.
+    Both aliased gathers (every group; groups 1 and 2 alone) see it."""
     found = _findings(_CountsOnly, preset, ranks=[0])
-    assert [(v.check, v.actual) for v in found] == [(10, "no error")], [v.describe() for v in found]
+    assert [(v.check, v.actual) for v in found] == [(10, "no error")] * 2, [
+        v.describe() for v in found
+    ]
     assert "one out tensor given for every group" in found[0].what
+    assert "one out tensor given for groups 1 and 2" in found[1].what
 
 
 class _VagueGatherIntegrity(BlockTables):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from .catalogue_contract import (
     InterleaveNotChecked,
     KernelBlocksNotChecked,
+    OursIntegrityNamesMatchingGroups,
     OursIntegrityNeverOn,
     OursIntegrityTrustsDeviceCounts,
     RankWrapped,
@@ -129,5 +130,6 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "kernel_blocks_not_checked": _entry(KernelBlocksNotChecked, 9),
     "ours_integrity_never_on": _entry(OursIntegrityNeverOn, 10),
     "ours_integrity_trusts_device_counts": _entry(OursIntegrityTrustsDeviceCounts, 10),
+    "ours_integrity_names_matching_groups": _entry(OursIntegrityNamesMatchingGroups, 10),
 }
 """name -> (`--impl` spec, the check that must report it)."""

@@ -8,6 +8,8 @@ fail and does not: a constructor that builds from a config SPEC.md refuses
 
 from __future__ import annotations
 
+import torch
+
 from cp_blocktables import BlockTables, integrity
 
 from .stand_in import STAND_IN_SIGNATURE, StandInBlockTables
@@ -63,3 +65,23 @@ class OursIntegrityTrustsDeviceCounts(BlockTables):
             self.num_blocks.gpu.cpu().numpy(), self.kernel_block_sizes,
             self.sliding_window_reach, num_computed_tokens,
         )  # fmt: skip
+
+
+class OursIntegrityNamesMatchingGroups(BlockTables):
+    """The gather check sees a gathered row unlike its source, then names the groups whose
+    rows match theirs: an engine reading the message looks at the wrong group."""
+
+    def _check_gathered(self, dst, idx_mapping, num_computed_tokens) -> None:
+        sources = [t.gpu for t in self.block_tables]
+        counts = (self.num_blocks.gpu, self.num_blocks.np)
+        args = (dst, sources, idx_mapping, *counts, self.kernel_block_sizes,
+                self.sliding_window_reach, num_computed_tokens)  # fmt: skip
+        if not int(integrity.count_gather_faults(*args)):
+            return
+        named = []
+        for g, (d, s) in enumerate(zip(dst, sources, strict=True)):
+            for b, r in enumerate(idx_mapping.cpu().tolist()):
+                k = int(self.num_blocks.np[g, r])
+                if torch.equal(d[b, :k].cpu(), s[r, :k].cpu()):
+                    named.append(f"group {g}: batch row {b} (request row {r}), {k} entries")
+        raise integrity.IntegrityError("gather_block_tables: " + "; ".join(named))
