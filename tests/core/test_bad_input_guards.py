@@ -429,6 +429,34 @@ class _CudaLooking(torch.Tensor):
         return torch.device("cuda")
 
 
+class _CudaLookingReads(_CudaLooking):
+    """A `_CudaLooking` tensor that counts its host reads (`tolist`, as the guard reads it)."""
+
+    reads = 0
+
+    def tolist(self):
+        type(self).reads += 1
+        return super().tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.uint64, torch.int64], ids=["uint64", "int64"])
+def test_the_cuda_pointer_cache_does_not_read_a_verified_tensor_again(monkeypatch, dtype):
+    """The module doc of `guards`: a verified CUDA pointer tensor, unchanged and naming the
+    same destinations, is remembered and not read again (on CUDA a host read synchronises).
+    tests/core/test_cuda.py::test_verified_address_tensors_are_not_read_again holds the same
+    on a real CUDA tensor."""
+    monkeypatch.setattr(guards, "_verified", {})
+    monkeypatch.setattr(_CudaLookingReads, "reads", 0)
+    cuda = torch.device("cuda")
+    want = [0x1000, 0x2000]
+    t = torch.tensor(want, dtype=torch.int64).view(dtype).as_subclass(_CudaLookingReads)
+    guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)  # read and remembered
+    assert _CudaLookingReads.reads == 1
+    for _ in range(3):
+        guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)
+    assert _CudaLookingReads.reads == 1
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
