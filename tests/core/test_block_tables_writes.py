@@ -93,6 +93,31 @@ def test_fused_apply_is_one_launch_and_skips_per_table_apply(pair, monkeypatch):
         assert not p.bt.block_tables[g]._staged_write_indices
 
 
+@pytest.mark.parametrize(
+    "block_sizes",
+    [[4], [4, 8], [4, 8, 16]],
+    ids=["one-group", "two-groups", "three-groups"],
+)
+def test_one_apply_publishes_every_groups_writes(pair, block_sizes):
+    """Each group count has its own apply path (one table, or the fused writer): after
+    one apply every group's table, slots and gather hold its own ids."""
+    n = len(block_sizes)
+    p = pair(
+        block_sizes=block_sizes,
+        max_num_reqs=4,
+        max_num_batched_tokens=16,
+        max_num_blocks_per_group=[4] * n,
+    )
+    p.append(1, tuple([10 * g + 1, 10 * g + 2] for g in range(n)))
+    p.append(3, tuple([10 * g + 5] for g in range(n)))
+    p.bt.apply_staged_writes()
+    for g in range(n):
+        np.testing.assert_array_equal(p.bt.block_tables[g].gpu.cpu().numpy(), p.ref.tables[g])
+        np.testing.assert_array_equal(p.bt.num_blocks.gpu[g].cpu().numpy(), p.ref.num_blocks[g])
+    p.gather([3, 1], 2)
+    p.slots([1, 3], [0, 2, 3], [0, 4, 1], 3)
+
+
 def test_single_group_uses_its_own_apply(pair, monkeypatch):
     p = pair(**small())
     assert p.bt.fused_writer is None
