@@ -134,6 +134,7 @@ class _CornerCounts:
         c["several_block_sizes"] += len(set(cfg.block_sizes)) > 1
         c["zero_groups"] += self.num_groups == 0
         c["one_group"] += self.num_groups == 1
+        c["two_groups"] += self.num_groups == 2  # the fused apply of the fewest tables
         c["many_groups"] += self.num_groups >= 5
         c["kernel_blocks"] += any(x > 1 for x in m)
         c["kernel_blocks_mixed"] += any(x > 1 for x in m) and any(x == 1 for x in m)

@@ -58,9 +58,10 @@ SPAN_PRESETS: tuple[Preset, ...] = (
         name="cp2-past-2-31",
         description="cp 2, interleave 8: requests that start just below position 2**31 and "
         "run past it (prefixes not seeded), in tables of blocks of 2**20 and 2**21 tokens "
-        "that span 2**31 positions only with the CP factor; short requests from 0 beside them",
+        "that span 2**31 positions only with the CP factor; short requests from 0 beside them; "
+        "exactly two groups, the commonest hybrid model and the fused apply's fewest tables",
         # No kernel blocks (SPEC.md 8.1), so that implementations without them run it too.
-        groups=(GroupSpec(2**20), GroupSpec(2**21), GroupSpec(2**21, enabled=False)),
+        groups=(GroupSpec(2**20), GroupSpec(2**21)),
         cp_size=2,
         cp_interleave=8,
         num_steps=12,
@@ -80,6 +81,7 @@ SPAN_PRESETS: tuple[Preset, ...] = (
         | {
             "position_past_2_31",
             "past_2_31_by_cp",
+            "two_groups",
             "span_past_2_31",
             "slot_past_2_31",
             "interleave_between",

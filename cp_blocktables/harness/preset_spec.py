@@ -78,6 +78,7 @@ CORNERS = (
     "fused_read",
     "zero_groups",
     "one_group",
+    "two_groups",
     "many_groups",
     "kernel_blocks",
     "kernel_blocks_mixed",
