@@ -25,6 +25,7 @@ from .catalogue_ours import (
     OursInt32Slots,
     OursNoWindowMask,
     OursRowsByWidth,
+    OursTwoGroupsUnfused,
 )
 from .catalogue_slots import (
     AllRanksWrite,
@@ -103,6 +104,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_int32_slots": _entry(OursInt32Slots, 2),
     "ours_no_window_mask": _entry(OursNoWindowMask, 6),
     "ours_rows_by_width": _entry(OursRowsByWidth, 11),
+    "ours_two_groups_unfused": _entry(OursTwoGroupsUnfused, 6),
     "dummy_tables_not_dirty": _entry(DummyTablesNotDirty, 6),
     "ours_dummy_not_dirty": _entry(OursDummyNotDirty, 6),
     "tokens_past_tile_dropped": _entry(TokensPastTileDropped, 1),

@@ -48,3 +48,13 @@ class OursRowsByWidth(BlockTables):
         super().init_block_table_layout_tensors()
         widths = [t.gpu.shape[1] for t in self.block_tables]
         self._layout.params[:, 3] = torch.tensor(widths, dtype=torch.int64)
+
+
+class OursTwoGroupsUnfused(BlockTables):
+    """The project's BlockTables, with the fused writer built only from three groups on: with
+    exactly two (the commonest hybrid model), an apply publishes group 0's writes alone."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.num_kv_cache_groups == 2:
+            self.fused_writer = None
