@@ -49,6 +49,22 @@ def test_overwrite_in_same_step_wins(pair):
     np.testing.assert_array_equal(p.bt.block_tables[0].gpu[0, :3].cpu().numpy(), [7, 8, 9])
 
 
+@pytest.mark.parametrize("groups", [1, 2], ids=["one-group", "fused"])
+def test_an_overwrite_ending_inside_an_append_at_capacity_leaves_the_next_row(pair, groups):
+    """A row's append up to its capacity, then an overwrite ending inside it, behind
+    another row's write in the same step: only the append's tail survives the overwrite
+    (past the row's count), and no other row's blocks change (SPEC.md 4: last wins)."""
+    p = pair(**small(block_sizes=[4] * groups, max_num_blocks_per_group=[4] * groups))
+    p.append(1, ([1, 2],) * groups)
+    p.append(2, ([3, 4],) * groups)
+    p.bt.apply_staged_writes()
+    p.append(0, ([10],) * groups)  # one element staged before the row's writes
+    p.append(1, ([5, 6],) * groups)  # columns [2, 4): up to the row's capacity
+    p.append(1, ([7, 8, 9],) * groups, overwrite=True)  # ends inside the append
+    p.bt.apply_staged_writes()
+    p.gather([0, 1, 2], 3)
+
+
 def test_redirect_writes_to_null_block(pair):
     p = pair(**small(block_sizes=[4, 8], max_num_blocks_per_group=[4, 4]))
     assert BlockTables.redirect_writes_to_null_block is False
