@@ -220,6 +220,30 @@ def test_tables_reallocated_without_new_pointers_are_caught(torch_device):
     del old
 
 
+def test_the_differing_row_is_named_behind_eight_rows_cut_short(torch_device):
+    """Eight reused rows cut short by an overwrite hold stale entries just past their
+    counts, batched before the row whose table was reallocated without new pointers:
+    the message names that row and group alone (SPEC.md 8.3), not the clean rows."""
+    bt = make(torch_device, max_num_reqs=9)
+    for r in range(8):
+        bt.append_block_ids(r, ([40 + r, 50 + r], [60 + r, 70 + r]), False)
+    bt.apply_staged_writes()
+    for r in range(8):
+        bt.append_block_ids(r, ([80 + r], [90 + r]), True)  # entry 1 stays, past the count
+    bt.append_block_ids(8, ([30], [31]), False)
+    bt.apply_staged_writes()
+    old = bt.block_tables[1].gpu  # still alive, still what the kernels' pointers name
+    bt.block_tables[1].gpu = old.clone()
+    bt.block_tables[1].gpu[8, 0] = 33  # the new table says 33; the pointers still read 31
+    with pytest.raises(IntegrityError) as e:
+        bt.gather_block_tables(ints(list(range(9)), torch_device), 9)
+    assert str(e.value) == (
+        "integrity check failed: gather_block_tables: group 1: batch row 8 differs from its "
+        "source, request row 8, in 1 of 1 entries; first at column 0: gathered 31, expected 33"
+    )
+    del old
+
+
 def test_gather_explanation_names_only_the_differing_entries(torch_device, monkeypatch):
     """A dummy entry, and a reused row's stale entries past its count, are not compared:
     the explanation names the corrupted entry alone."""
