@@ -12,8 +12,9 @@ the independent reference. Modules, in the order a run meets them:
 * what runs: `presets` (the registry: `PRESETS`, `SWEEP`, `resolve`) with
   `preset_spec` (what a preset is), `preset_catalog`, `preset_groups` and
   `preset_span` (the sweep's presets; zero to six groups in the second, past
-  2**31 in the third) and `preset_extras` (benchmark and mutation presets); `impl_loader` (an
-  implementation named `module:attribute`), `features` (what it accepts);
+  2**31 in the third) and `preset_extras` (benchmark and mutation presets);
+  `impl_loader` (an implementation named `module:attribute`), `features`
+  (what it accepts);
 * the workload: `workload` (the steps and their loop), `lifecycle` (requests,
   blocks, appends), `batch_shape` (a step's batch), `corner_counts`;
 * one rank: `runner` drives it; `executor` runs one step, with
@@ -21,7 +22,9 @@ the independent reference. Modules, in the order a run meets them:
   `executor_checks` (what one rank can check alone) and `guarded` (inputs
   that end at an unreadable page on the CPU, so a read past one faults);
 * the checks: `checks` (per CP group) with `checks_slots`, `checks_tables`,
-  `checks_kv`, and `violations`;
+  `checks_kv`, and `violations`; the calls that must fail, on instances of
+  their own: `probes` (construction, check 9), `integrity_probes` (check 10)
+  and `wake_probe` with `sleep` (check 11);
 * the verdict: `report` with `report_formats` (table, JSON, JUnit) and
   `report_plot`.
 
