@@ -194,7 +194,7 @@ def probe_integrity(
             ("0",),
             refusal_ok=True,
         )
-    if n >= 3 and all(w >= 3 * m for w, m in zip(ref.rules.width[1:3], ref.rules.m[1:3])):
+    if n >= 3 and all(w >= 3 * m for w, m in zip(ref.rules.width, ref.rules.m)):  # 3 blocks a row
         state: dict = {}
         found += _expect_error(
             "gather_block_tables of row 0 with one out tensor given for groups 1 and 2 and one "
