@@ -10,6 +10,8 @@ import torch
 
 from ..contract import NULL_BLOCK_ID
 from ..harness import presets
+from ..harness.features import constructor_kwargs, inspect_factory
+from ..harness.probes import constructor_args
 from .report import finding
 from .serving import LiveBlocks, ServingState
 
@@ -17,29 +19,25 @@ FLAG = "redirect_writes_to_null_block"
 
 
 def construct(cls: type, preset: presets.Preset, cp_rank: int, device: torch.device):
-    """A fresh instance of `cls` for `preset`, as the harness builds one."""
-    cfg = preset.config(cp_rank)
-    return cls(
-        cfg.block_sizes,
-        cfg.max_num_reqs,
-        cfg.max_num_batched_tokens,
-        cfg.max_num_blocks_per_group,
-        device,
-        cp_size=cfg.cp_size,
-        cp_rank=cfg.cp_rank,
-        cp_interleave=cfg.cp_interleave,
-        slot_mapping_enabled=cfg.slot_mapping_enabled,
-        dcp_sharded=cfg.dcp_sharded,
-        sliding_window_reach=cfg.sliding_window_reach,
-    )
+    """A fresh instance of `cls` for `preset`, as the harness builds one: every keyword the
+    preset sets (kernel block sizes, integrity checks, ...) that `cls` takes."""
+    kwargs = constructor_kwargs(preset, cp_rank, inspect_factory(cls))
+    return cls(*constructor_args(preset.config(cp_rank), device), **kwargs)
 
 
 def probe(impl: object, row: int, ids: list[int], device: torch.device) -> list[int]:
-    """Append one id per group to `row`, apply, gather it: the first entry of each group."""
+    """Append one id per group to `row`, apply, gather it: the first entry of each group,
+    the id's first kernel id `b*m` (`first_kernel_ids`)."""
     impl.append_block_ids(row, tuple([i] for i in ids), True)
     impl.apply_staged_writes()
     idx = torch.tensor([row], dtype=torch.int32, device=device)
     return [int(t[0, 0]) for t in impl.gather_block_tables(idx, 1)]
+
+
+def first_kernel_ids(preset: presets.Preset, ids: list[int]) -> list[int]:
+    """What `probe` must read back: allocator id `b` of group `g` is staged as its kernel ids
+    `b*m .. b*m+m-1`, so a gather's first entry is `b*m` (SPEC.md 8.1; `b` when `m == 1`)."""
+    return [b * preset.kernel_factor(g) for g, b in enumerate(ids)]
 
 
 def staged_not_null(impl: object, rank: int) -> list[dict]:
@@ -134,6 +132,7 @@ def other_instance(
             finding("per-instance", f"a second instance raised {type(e).__name__}: {e}", rank)
         )
         return
+    ids = first_kernel_ids(preset, ids)
     if flag is not False or got != ids:
         found.append(
             finding(
@@ -163,6 +162,7 @@ def appends_after(
             )
         )
         return
+    ids = first_kernel_ids(preset, ids)
     if got != ids:
         found.append(
             finding(
