@@ -32,6 +32,14 @@ def drill(tmp_path, name: str, **kwargs) -> tuple[int, dict | None]:
 
 
 @pytest.mark.ranks(4, timeout=300)
+def test_our_implementation_passes_the_drill_with_kernel_blocks(rank, tmp_path):
+    """`kbs-cp1`: an id appended after the warm-up reads back as its first kernel id `b*m`,
+    and the second instance the drill builds takes the preset's kernel block sizes."""
+    code, _ = drill(tmp_path, "ours-kbs", impls=[DEFAULT_IMPL], presets=["kbs-cp1"], steps=6)
+    assert code == 0
+
+
+@pytest.mark.ranks(4, timeout=300)
 def test_our_implementation_passes_the_drill(rank, tmp_path):
     code, report = drill(tmp_path, "ours", impls=[DEFAULT_IMPL], presets=["default"], steps=6)
     assert code == 0
@@ -77,9 +85,14 @@ def test_the_drill_passes_while_the_world_shrinks_and_grows(rank, tmp_path):
 SIZE_REGIMES = {"tokens_past_tile_dropped", "wide_rows_truncated", "tail_clear_capped"}
 # Missed integrity faults are probed where a preset turns the checks on (`cp2-i1`), none of
 # the drill's presets; `verify` catches them.
-INTEGRITY = {"ours_integrity_never_on", "ours_integrity_trusts_device_counts"}
-# A CP size that is no power of two takes the sweep's `cp3-no-power-of-two`; `verify` catches it.
-LAYOUTS = {"cp_modulo_as_mask"}
+INTEGRITY = {
+    "ours_integrity_never_on",
+    "ours_integrity_trusts_device_counts",
+    "ours_integrity_names_matching_groups",
+}
+# A CP size that is no power of two takes the sweep's `cp3-no-power-of-two`, exactly two groups
+# its `cp2-past-2-31`; `verify` catches them.
+LAYOUTS = {"cp_modulo_as_mask", "ours_two_groups_unfused"}
 DRILLED = {
     n: entry for n, entry in CATALOGUE.items() if n not in SIZE_REGIMES | INTEGRITY | LAYOUTS
 }
