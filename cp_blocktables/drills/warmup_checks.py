@@ -25,19 +25,18 @@ def construct(cls: type, preset: presets.Preset, cp_rank: int, device: torch.dev
     return cls(*constructor_args(preset.config(cp_rank), device), **kwargs)
 
 
-def probe(impl: object, row: int, ids: list[int], device: torch.device) -> list[int]:
-    """Append one id per group to `row`, apply, gather it: the first entry of each group,
-    the id's first kernel id `b*m` (`first_kernel_ids`)."""
+def probe(
+    impl: object, preset: presets.Preset, row: int, device: torch.device
+) -> tuple[list[int], list[int]]:
+    """Append each group's first block id `b` to `row`, apply, gather it: `(got, want)`,
+    the first entry of each group and what it must be, `b`'s first kernel id `b*m`
+    (SPEC.md 8.1: `b` is staged as its kernel ids `b*m .. b*m+m-1`)."""
+    ids = [preset.block_id_range(g)[0] for g in range(len(preset.groups))]
     impl.append_block_ids(row, tuple([i] for i in ids), True)
     impl.apply_staged_writes()
     idx = torch.tensor([row], dtype=torch.int32, device=device)
-    return [int(t[0, 0]) for t in impl.gather_block_tables(idx, 1)]
-
-
-def first_kernel_ids(preset: presets.Preset, ids: list[int]) -> list[int]:
-    """What `probe` must read back: allocator id `b` of group `g` is staged as its kernel ids
-    `b*m .. b*m+m-1`, so a gather's first entry is `b*m` (SPEC.md 8.1; `b` when `m == 1`)."""
-    return [b * preset.kernel_factor(g) for g, b in enumerate(ids)]
+    got = [int(t[0, 0]) for t in impl.gather_block_tables(idx, 1)]
+    return got, [b * preset.kernel_factor(g) for g, b in enumerate(ids)]
 
 
 def staged_not_null(impl: object, rank: int) -> list[dict]:
@@ -122,17 +121,15 @@ def other_instance(
     device: torch.device,
 ) -> None:
     """Another instance, built during the warm-up, must stage what it is given."""
-    ids = [preset.block_id_range(g)[0] for g in range(preset.config(0).num_kv_cache_groups)]
     try:
         other = construct(cls, preset, cp_rank, device)
         flag = getattr(other, FLAG)
-        got = probe(other, 0, ids, device)
+        got, ids = probe(other, preset, 0, device)
     except Exception as e:  # noqa: BLE001
         found.append(
             finding("per-instance", f"a second instance raised {type(e).__name__}: {e}", rank)
         )
         return
-    ids = first_kernel_ids(preset, ids)
     if flag is not False or got != ids:
         found.append(
             finding(
@@ -150,9 +147,8 @@ def appends_after(
     found: list[dict], st: ServingState, preset: presets.Preset, rank: int, device: torch.device
 ) -> None:
     """After the warm-up, an append must be staged as given (read back through a gather)."""
-    ids = [preset.block_id_range(g)[0] for g in range(len(st.caches))]
     try:
-        got = probe(st.impl, st.pool.free_rows()[0], ids, device)
+        got, ids = probe(st.impl, preset, st.pool.free_rows()[0], device)
     except Exception as e:  # noqa: BLE001
         found.append(
             finding(
@@ -162,7 +158,6 @@ def appends_after(
             )
         )
         return
-    ids = first_kernel_ids(preset, ids)
     if got != ids:
         found.append(
             finding(
