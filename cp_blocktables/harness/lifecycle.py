@@ -327,9 +327,11 @@ class _Writes:
         out: list[Append] = []
         for a in step.appends:
             if a.overwrite and (
-                rng.random() < p.multi_write_prob or self._overdue("append_then_overwrite")
+                rng.random() < p.multi_write_prob
+                or self._overdue("append_then_overwrite")
+                or any(self._spill_would_show(a, g, step, out) for g in range(g_count))
             ):
-                junk = self._junk_append(a)
+                junk = self._junk_append(a, step, out)
                 if junk is not None:
                     out.append(junk)
                     c["append_then_overwrite"] += 1
@@ -372,15 +374,41 @@ class _Writes:
         for g, ids in enumerate(a.block_ids):
             counts[g, a.row] = (0 if a.overwrite else counts[g, a.row]) + len(ids)
 
-    def _junk_append(self, a: Append) -> Append | None:
-        """Ids appended to the row just before `a` overwrites it (`a` must win)."""
+    def _junk_append(self, a: Append, step: Step, staged: list[Append]) -> Append | None:
+        """Ids appended to the row just before `a` overwrites it (`a` must win).
+
+        Up to three ids; but where `a` ends inside the row's free room, behind
+        other writes to the group in this step, and the next row holds a running
+        request's blocks, the junk fills the room up to the row's capacity. Only
+        its tail past `a` then survives, at an offset into both the row and the
+        step's staged ids: a wrong offset there spills into the next row.
+        """
         junk = []
         for g, ids in enumerate(a.block_ids):
-            k = max(min(len(ids), self.capacity[g] - int(self.row_counts[g, a.row]), 3), 0)
+            room = self.capacity[g] - int(self.row_counts[g, a.row])
+            if self._spill_would_show(a, g, step, staged):
+                self.corners["overwrite_cuts_full_append"] += 1
+                junk.append(tuple(reversed((ids * room)[:room])))
+                continue
+            k = max(min(len(ids), room, 3), 0)
             junk.append(tuple(reversed(ids[:k])))
         if not any(junk):
             return None
         return Append(a.uid, a.row, tuple(junk), False, ledger=False)
+
+    def _spill_would_show(self, a: Append, g: int, step: Step, staged: list[Append]) -> bool:
+        """Group `g` can take a junk append up to capacity that `a` cuts, and the
+        next row is a running request's that no write of this step overwrites."""
+        old, n = int(self.row_counts[g, a.row]), len(a.block_ids[g])
+        nxt = a.row + 1
+        return (
+            old < n < self.capacity[g]
+            and any(w.block_ids[g] for w in staged)
+            and nxt < self.cfg.max_num_reqs
+            and self.row_counts[g, nxt] > 0
+            and any(r.row == nxt for r in self.running.values())
+            and not any(w.row == nxt and w.overwrite for w in step.appends)
+        )
 
     def _overflow_append(self, req: _Request, counts: np.ndarray) -> Append:
         """An append that passes one group's capacity (others would fit): must raise."""

@@ -199,7 +199,13 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         block_id_base=2**31 - 2**20,
         corners=_DUMMY_IN_TABLE
         | COMMON
-        | {"interleave_between", "several_block_sizes", "slot_past_2_31", "spec_decode"},
+        | {
+            "interleave_between",
+            "several_block_sizes",
+            "slot_past_2_31",
+            "spec_decode",
+            "overwrite_cuts_full_append",
+        },
     ),
     Preset(
         name="cp3-no-power-of-two",

@@ -46,6 +46,7 @@ SPAN_PRESETS: tuple[Preset, ...] = (
             "span_past_2_31",
             "slot_past_2_31",
             "interleave_between",
+            "overwrite_cuts_full_append",
             "mixed_groups",
             "several_block_sizes",
             "kernel_blocks",

@@ -67,6 +67,7 @@ CORNERS = (
     "writes_past_max_reqs",
     "two_appends_one_row",
     "append_then_overwrite",
+    "overwrite_cuts_full_append",
     "gather_out",
     "gather_out_ptrs",
     "slot_out",

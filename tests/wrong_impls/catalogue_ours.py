@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from cp_blocktables import BlockTables
+from cp_blocktables import BlockTables, buffers
 
 
 class OursInt32Slots(BlockTables):
@@ -58,3 +58,31 @@ class OursTwoGroupsUnfused(BlockTables):
         super().__init__(*args, **kwargs)
         if self.num_kv_cache_groups == 2:
             self.fused_writer = None
+
+
+class OursCutWriteKeepsLength(BlockTables):
+    """The project's BlockTables, where the tail of a staged write that a later write of the
+    same row cuts keeps the whole write's length: it runs on past the write's end, into the
+    next row's live blocks when the write ended at the row's capacity."""
+
+    def apply_staged_writes(self) -> None:
+        for t in self.block_tables:
+            _keep_cut_lengths(t)
+        super().apply_staged_writes()
+
+
+def _keep_cut_lengths(t: buffers.StagedWriteTensor) -> None:
+    rows, starts = t._staged_write_indices, t._staged_write_starts
+    contents, cu_lens = t._staged_write_contents, t._staged_write_cu_lens
+    pieces = buffers._drop_overwritten(rows, starts, cu_lens)
+    if pieces is None:
+        return
+    new = [[], [], [], []]  # rows, starts, contents, cu_lens
+    for w, x, lo, _ in pieces:
+        whole = cu_lens[w] - (cu_lens[w - 1] if w else 0)
+        new[0].append(rows[w])
+        new[1].append(x)
+        new[2].extend(contents[lo : lo + whole])
+        new[3].append(len(new[2]))
+    t._staged_write_indices, t._staged_write_starts = new[0], new[1]
+    t._staged_write_contents, t._staged_write_cu_lens = new[2], new[3]
