@@ -27,6 +27,7 @@ INTEGRITY = 10
 ENV_VAR = "CPBT_INTEGRITY_CHECKS"  # SPEC.md 8.3: also turns the checks on
 _SHARED_ID = 4099  # allocator block id both probe rows hold: far from the null block 0
 _FRESH_ID = 4111
+_CUT_ROWS = 8  # clean rows gathered before a faulty one: as many as a message may list
 
 
 def names_number(message: str, number: str) -> bool:
@@ -136,7 +137,8 @@ def probe_integrity(
     last apply, then a gather of that row. `fused`:
     the implementation has `gather_and_compute_slot_mappings` (section 8.2),
     whose effects are those of both calls, checks included. A gathered row
-    unlike its source, counts published: see `_aliased_gather`.
+    unlike its source, counts published: see `_aliased_gather`, `_aliased_pair`
+    and `_fault_behind_cut_rows`.
     """
     device = args[4]
     ref = probe_reference(args, kwargs, cp_rank)
@@ -205,7 +207,58 @@ def probe_integrity(
             lambda: state["differing"](),
             refusal_ok=True,
         )
+    pair = _equal_pair(ref)
+    if pair is not None and ref.rules.max_num_reqs > _CUT_ROWS:
+        last = ref.rules.max_num_reqs - 1
+        found += _expect_error(
+            f"gather_block_tables of rows 0 to {_CUT_ROWS - 1}, cut short by an overwrite, then "
+            f"row {last}, with one out tensor given for groups {pair[0]} and {pair[1]} (the "
+            f"message must name row {last}, batch row {_CUT_ROWS}, the one that differs)",
+            lambda: _fault_behind_cut_rows(factory, args, kwargs, ref, pair),
+            cp_rank,
+            (str(last), str(_CUT_ROWS)),
+            refusal_ok=True,
+        )
     return found
+
+
+def _equal_pair(ref: ReferenceBlockTables) -> tuple[int, int] | None:
+    """Two groups of one kernel block factor whose rows hold two blocks, if any."""
+    m, width = ref.rules.m, ref.rules.width
+    fit = [g for g in range(ref.rules.num_groups) if width[g] >= 2 * m[g]]
+    return next(((a, b) for a, b in itertools.combinations(fit, 2) if m[a] == m[b]), None)
+
+
+def _fault_behind_cut_rows(
+    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, pair: tuple
+) -> Callable[[], object]:
+    """Rows `[0, _CUT_ROWS)` hold two blocks, applied, then one by an overwrite, applied: each
+    keeps a stale entry past its count, which is no difference from its source. They hold the
+    same ids in every group, so the two groups of `pair`, sharing one `out` tensor, copy the
+    same entries there. The last row holds different ids in those two groups, so whichever
+    copy lands last, it alone differs from its source; gathered behind the cut rows, a
+    message that names them (eight rows at a time) may never reach it."""
+    rules, device = ref.rules, args[4]
+    n, last = rules.num_groups, rules.max_num_reqs - 1
+    impl = factory(*args, **kwargs)
+    for r in range(_CUT_ROWS):
+        base = _SHARED_ID + 2 * r
+        impl.append_block_ids(r, tuple([base, base + 1] for _ in range(n)), True)
+    impl.apply_staged_writes()
+    for r in range(_CUT_ROWS):
+        impl.append_block_ids(r, tuple([_SHARED_ID + 2 * r] for _ in range(n)), True)
+    a, b = pair
+    fault = _SHARED_ID + 2 * _CUT_ROWS  # past the cut rows' ids
+    impl.append_block_ids(last, tuple([fault + (g == b)] for g in range(n)), True)
+    impl.apply_staged_writes()
+    num_rows, width = _CUT_ROWS + 1, max(rules.width)
+    shared = torch.zeros((num_rows, width), dtype=torch.int32, device=device)
+    outs = [
+        shared if g in pair else torch.zeros((num_rows, width), dtype=torch.int32, device=device)
+        for g in range(n)
+    ]
+    idx = _i32([*range(_CUT_ROWS), last], device)
+    return lambda: impl.gather_block_tables(idx, num_rows, out=outs)
 
 
 def _aliased_gather(

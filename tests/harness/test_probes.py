@@ -14,6 +14,7 @@ from tests.wrong_impls.catalogue_contract import (
     STAND_IN_SIGNATURE,
     InterleaveNotChecked,
     KernelBlocksNotChecked,
+    OursIntegrityNamesCutRows,
     OursIntegrityNamesMatchingGroups,
     OursIntegrityNeverOn,
     OursIntegrityTrustsDeviceCounts,
@@ -22,7 +23,15 @@ from tests.wrong_impls.catalogue_contract import (
 from tests.wrong_impls.stand_in import StandInBlockTables
 
 RIGHT = {"ours": BlockTables, "pure-python": PurePython, "stand-in": StandInBlockTables}
-PRESETS = ["mutation", "mutation-cp1", "mutation-odd", "groups-0", "kbs-cp4", "cp4-interleave"]
+PRESETS = [
+    "mutation",
+    "mutation-cp1",
+    "mutation-odd",
+    "groups-0",
+    "kbs-cp4",
+    "cp4-interleave",
+    "cp2-i1",  # integrity checks on and 16 rows: the fault behind rows cut short
+]
 
 
 def _findings(factory, preset_name: str, ranks=None) -> list:
@@ -91,6 +100,17 @@ def test_a_gather_fault_named_by_the_groups_that_match_is_check_10(preset):
     found = _findings(OursIntegrityNamesMatchingGroups, preset, ranks=[0])
     assert [v.check for v in found] == [10], [v.describe() for v in found]
     assert "groups 1 and 2" in found[0].what and "naming one of" in found[0].expected
+
+
+def test_a_gather_fault_behind_eight_rows_cut_short_must_be_named():
+    """Rows cut short keep a stale entry past their count; an explanation that takes it for a
+    difference names them, eight a group, and never the row that differs behind them."""
+    found = _findings(OursIntegrityNamesCutRows, "cp2-i1", ranks=[0])
+    assert [v.check for v in found] == [10], [v.describe() for v in found]
+    assert "cut short by an overwrite, then row 15" in found[0].what
+    assert (
+        found[0].expected == "RuntimeError naming one of 15, 8 (or a ValueError refusing the call)"
+    )
 
 
 class _WrongType(StandInBlockTables):

@@ -15,12 +15,14 @@ from __future__ import annotations
 from .catalogue_contract import (
     InterleaveNotChecked,
     KernelBlocksNotChecked,
+    OursIntegrityNamesCutRows,
     OursIntegrityNamesMatchingGroups,
     OursIntegrityNeverOn,
     OursIntegrityTrustsDeviceCounts,
     RankWrapped,
 )
 from .catalogue_ours import (
+    OursCutWriteKeepsLength,
     OursDummyNotDirty,
     OursInt32Slots,
     OursNoWindowMask,
@@ -105,6 +107,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_no_window_mask": _entry(OursNoWindowMask, 6),
     "ours_rows_by_width": _entry(OursRowsByWidth, 11),
     "ours_two_groups_unfused": _entry(OursTwoGroupsUnfused, 6),
+    "ours_cut_write_keeps_length": _entry(OursCutWriteKeepsLength, 6),
     "dummy_tables_not_dirty": _entry(DummyTablesNotDirty, 6),
     "ours_dummy_not_dirty": _entry(OursDummyNotDirty, 6),
     "tokens_past_tile_dropped": _entry(TokensPastTileDropped, 1),
@@ -133,5 +136,6 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_integrity_never_on": _entry(OursIntegrityNeverOn, 10),
     "ours_integrity_trusts_device_counts": _entry(OursIntegrityTrustsDeviceCounts, 10),
     "ours_integrity_names_matching_groups": _entry(OursIntegrityNamesMatchingGroups, 10),
+    "ours_integrity_names_cut_rows": _entry(OursIntegrityNamesCutRows, 10),
 }
 """name -> (`--impl` spec, the check that must report it)."""
