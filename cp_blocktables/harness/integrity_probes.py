@@ -132,7 +132,8 @@ def probe_integrity(
     A shared slot: rows 0 and 1 hold the same block ids and both map positions
     `[0, P)` (an allocator that hands one block to two requests); the message
     must name one of the shared slots, and the environment variable alone must
-    turn the checks on too. A stale count, both ways: a row grown by
+    turn the checks on too. Rows 0 and 1 holding block 1 share its first slot,
+    the first past the null block's. A stale count, both ways: a row grown by
     an append, and a row cut short by an overwrite with fewer blocks, after the
     last apply, then a gather of that row. `fused`:
     the implementation has `gather_and_compute_slot_mappings` (section 8.2),
@@ -147,28 +148,14 @@ def probe_integrity(
     found: list[Violation] = []
     shared = _shared_rows(ref, args[2]) if n else None
     if shared is not None:
-        ids, span = shared
-        for r in (0, 1):
-            ref.append_block_ids(r, ids, True)
-        positions = list(range(span)) * 2
-        qsl = [0, span, 2 * span]
-        expected = ref.slot_mappings(np.array([0, 1]), np.array(qsl), np.array(positions), 2 * span)
-        shared_slots = tuple(str(x) for row in expected for x in _repeats(row))
-        if shared_slots:
-            plain = {k: v for k, v in kwargs.items() if k != "integrity_checks"}
-            ways = [("compute_slot_mappings", kwargs, ""), *((m, kwargs, "") for m in methods[1:])]
-            ways.append(("compute_slot_mappings", plain, f" (checks on by {ENV_VAR}=1 alone)"))
-            for how, kw, note in ways:
-
-                def setup(how=how, kw=kw, env=bool(note)):
-                    impl = _filled(factory, args, kw, ids, rows=(0, 1), env=env)
-                    idx, q, pos = _i32([0, 1], device), _i32(qsl, device), _i64(positions, device)
-                    if how == "compute_slot_mappings":
-                        return lambda: impl.compute_slot_mappings(idx, q, pos, 2 * span)
-                    return lambda: impl.gather_and_compute_slot_mappings(idx, 2, q, pos, 2 * span)
-
-                what = f"{how} with rows 0 and 1 holding the same blocks (a shared slot){note}"
-                found += _expect_error(what, setup, cp_rank, shared_slots)
+        ways = [("compute_slot_mappings", kwargs, ""), *((m, kwargs, "") for m in methods[1:])]
+        plain = {k: v for k, v in kwargs.items() if k != "integrity_checks"}
+        ways.append(("compute_slot_mappings", plain, f" (checks on by {ENV_VAR}=1 alone)"))
+        found += _shared_slot(factory, args, ref, cp_rank, *shared, ways, "")
+    if n and args[2] >= 2:
+        # Block 1's first slot is the first past the null block's: a bound to get right.
+        ways = [("compute_slot_mappings", kwargs, "")]
+        found += _shared_slot(factory, args, ref, cp_rank, [[1]] * n, 1, ways, " at block 1")
     stale = {"grown by an append": False, "cut short by an overwrite": True}
     two_fit = all(w >= 2 * m for w, m in zip(ref.rules.width, ref.rules.m))
     row = ref.rules.max_num_reqs - 1  # gathered into batch row 0: the message names one of them
@@ -259,6 +246,41 @@ def _fault_behind_cut_rows(
     ]
     idx = _i32([*range(_CUT_ROWS), last], device)
     return lambda: impl.gather_block_tables(idx, num_rows, out=outs)
+
+
+def _shared_slot(
+    factory: Callable,
+    args: list,
+    ref: ReferenceBlockTables,
+    cp_rank: int,
+    ids: list,
+    span: int,
+    ways: list,
+    where: str,
+) -> list[Violation]:
+    """Rows 0 and 1 hold the blocks `ids` and both map positions `[0, span)`; each way
+    `(method, kwargs, note)` must raise naming one of the slots they share (if any)."""
+    for r in (0, 1):
+        ref.append_block_ids(r, ids, True)  # overwrites: the rows hold `ids` alone
+    positions = list(range(span)) * 2
+    qsl = [0, span, 2 * span]
+    expected = ref.slot_mappings(np.array([0, 1]), np.array(qsl), np.array(positions), 2 * span)
+    shared_slots = tuple(str(x) for row in expected for x in _repeats(row))
+    if not shared_slots:
+        return []
+    device, found = args[4], []
+    for how, kw, note in ways:
+
+        def setup(how=how, kw=kw, env=bool(note)):
+            impl = _filled(factory, args, kw, ids, rows=(0, 1), env=env)
+            idx, q, pos = _i32([0, 1], device), _i32(qsl, device), _i64(positions, device)
+            if how == "compute_slot_mappings":
+                return lambda: impl.compute_slot_mappings(idx, q, pos, 2 * span)
+            return lambda: impl.gather_and_compute_slot_mappings(idx, 2, q, pos, 2 * span)
+
+        what = f"{how} with rows 0 and 1 holding the same blocks (a shared slot{where}){note}"
+        found += _expect_error(what, setup, cp_rank, shared_slots)
+    return found
 
 
 def _aliased_gather(

@@ -89,6 +89,8 @@ INTEGRITY = {
     "ours_integrity_never_on",
     "ours_integrity_trusts_device_counts",
     "ours_integrity_names_matching_groups",
+    "ours_integrity_names_cut_rows",
+    "ours_integrity_null_block_one_slot_long",
 }
 # A CP size that is no power of two takes the sweep's `cp3-no-power-of-two`, exactly two groups
 # its `cp2-past-2-31`; `verify` catches them.

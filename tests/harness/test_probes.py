@@ -17,6 +17,7 @@ from tests.wrong_impls.catalogue_contract import (
     OursIntegrityNamesCutRows,
     OursIntegrityNamesMatchingGroups,
     OursIntegrityNeverOn,
+    OursIntegrityNullBlockOneSlotLong,
     OursIntegrityTrustsDeviceCounts,
     RankWrapped,
 )
@@ -111,6 +112,13 @@ def test_a_gather_fault_behind_eight_rows_cut_short_must_be_named():
     assert (
         found[0].expected == "RuntimeError naming one of 15, 8 (or a ValueError refusing the call)"
     )
+
+
+@pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])
+def test_a_slot_shared_at_block_1_must_be_reported(preset):
+    found = _findings(OursIntegrityNullBlockOneSlotLong, preset, ranks=[0])
+    assert [(v.check, v.actual) for v in found] == [(10, "no error")], [v.describe() for v in found]
+    assert "a shared slot at block 1" in found[0].what
 
 
 class _WrongType(StandInBlockTables):

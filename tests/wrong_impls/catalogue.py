@@ -18,6 +18,7 @@ from .catalogue_contract import (
     OursIntegrityNamesCutRows,
     OursIntegrityNamesMatchingGroups,
     OursIntegrityNeverOn,
+    OursIntegrityNullBlockOneSlotLong,
     OursIntegrityTrustsDeviceCounts,
     RankWrapped,
 )
@@ -137,5 +138,6 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_integrity_trusts_device_counts": _entry(OursIntegrityTrustsDeviceCounts, 10),
     "ours_integrity_names_matching_groups": _entry(OursIntegrityNamesMatchingGroups, 10),
     "ours_integrity_names_cut_rows": _entry(OursIntegrityNamesCutRows, 10),
+    "ours_integrity_null_block_one_slot_long": _entry(OursIntegrityNullBlockOneSlotLong, 10),
 }
 """name -> (`--impl` spec, the check that must report it)."""

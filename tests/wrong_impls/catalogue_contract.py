@@ -110,3 +110,14 @@ class OursIntegrityNamesCutRows(BlockTables):
                     rows.append(f"group {g}: batch row {b} (request row {r}) differs")
             named += rows[:8]
         raise integrity.IntegrityError("gather_block_tables: " + "; ".join(named))
+
+
+class OursIntegrityNullBlockOneSlotLong(BlockTables):
+    """The slot check takes the null block to end one slot late: two tokens sharing block 1's
+    first slot, the first past the null block's, are never reported."""
+
+    def _check_slots(self, buf, query_start_loc, idx_mapping, positions, num_tokens_padded):
+        floors = self._null_slot_floors + 1
+        integrity.check_slot_mappings(
+            buf, query_start_loc, idx_mapping, positions, floors, num_tokens_padded
+        )
