@@ -45,7 +45,9 @@ COMMON = frozenset(
 _DUMMY_IN_TABLE = frozenset({"dummy_token_in_table"})
 """Promised by the sweep's presets whose every CP group (seeds 0 to 7) reaches it."""
 
-_KERNEL = frozenset({"kernel_blocks", "kernel_blocks_mixed", "warmup_redirect", "top_block_id"})
+_KERNEL = frozenset(
+    {"kernel_blocks", "kernel_blocks_mixed", "warmup_redirect", "top_block_id", "null_block_id"}
+)
 """Corners of the kernel-block-size presets (SPEC.md 8.1)."""
 
 SWEEP_PRESETS: tuple[Preset, ...] = (
@@ -83,6 +85,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
             "window_configured_under_cp",
             "warmup_redirect",
             "top_block_id",
+            "null_block_id",
         },
     ),
     Preset(
@@ -120,6 +123,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
             "window_boundary",
             "warmup_redirect",
             "top_block_id",
+            "null_block_id",
         },
     ),
     Preset(

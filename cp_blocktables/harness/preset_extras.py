@@ -119,7 +119,7 @@ MUTATION_PRESETS: tuple[Preset, ...] = (
         block_id_base=2**29 + 7,
         corners=COMMON
         | {"profiled_rows_reclaimed"}
-        | {"warmup_redirect", "top_block_id"}
+        | {"warmup_redirect", "top_block_id", "null_block_id"}
         | {
             "several_block_sizes",
             "spec_decode",
@@ -150,6 +150,7 @@ MUTATION_PRESETS: tuple[Preset, ...] = (
             "spec_rejected",
             "warmup_redirect",
             "top_block_id",
+            "null_block_id",
             "slot_past_2_31",
         },
         **{**_MUTATION_COMMON, "num_steps": 17},

@@ -50,6 +50,7 @@ CORNERS = (
     "dummy_zero_tokens",
     "warmup_redirect",
     "top_block_id",
+    "null_block_id",
     "positions_tail_garbage",
     "request_finished",
     # Size regimes and argument paths an implementation may branch on (docs/harness.md).

@@ -222,6 +222,11 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
                     (2**31 // self.p.kernel_factor(g) - 1, *ids[g][1:]) for g in range(len(ids))
                 )
                 self.corners["top_block_id"] += 1
+            # The second row's first id is the null block, as engines append for window
+            # blocks they skip: an implementation must accept id 0 on every path.
+            if i == 1 and ids:
+                ids = tuple((0, *g_ids[1:]) for g_ids in ids)
+                self.corners["null_block_id"] += 1
             uid = self._new_uid()
             appends.append(Append(uid, row, ids, True))
             self._advance_counts(self.row_counts, appends[-1])

@@ -168,6 +168,23 @@ def test_large_id_presets_pass_2_31():
         assert generate(p, 0).corners["slot_past_2_31"] > 0
 
 
+@pytest.mark.parametrize(
+    "name", [n for n, p in presets.PRESETS.items() if "null_block_id" in p.corners]
+)
+def test_a_warmup_appends_the_null_block_and_the_top_id(name):
+    """The warm-up's first row starts with each group's largest legal id, its second with
+    the null block's id 0 (`top_block_id`, `null_block_id`): both must be accepted."""
+    p = presets.PRESETS[name]
+    w = generate(p, 0)
+    warmup = next(s for s in w.steps if s.kind == "warmup")
+    first, second = warmup.appends[:2]
+    assert [ids[0] for ids in first.block_ids] == [
+        2**31 // p.kernel_factor(g) - 1 for g in range(len(p.groups))
+    ]
+    assert [ids[0] for ids in second.block_ids] == [NULL_BLOCK_ID] * len(p.groups)
+    assert w.corners["null_block_id"] == w.corners["top_block_id"] > 0
+
+
 def _int32_positions(preset: presets.Preset) -> bool:
     """Whether the project's slot mapping computes `preset`'s positions in int32 (`POS32`)."""
     cfg = preset.config(0)

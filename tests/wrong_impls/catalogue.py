@@ -27,6 +27,7 @@ from .catalogue_ours import (
     OursDummyNotDirty,
     OursInt32Slots,
     OursNoWindowMask,
+    OursNullBlockRefused,
     OursRowsByWidth,
     OursTwoGroupsUnfused,
 )
@@ -109,6 +110,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_rows_by_width": _entry(OursRowsByWidth, 11),
     "ours_two_groups_unfused": _entry(OursTwoGroupsUnfused, 6),
     "ours_cut_write_keeps_length": _entry(OursCutWriteKeepsLength, 6),
+    "ours_null_block_refused": _entry(OursNullBlockRefused, 0),
     "dummy_tables_not_dirty": _entry(DummyTablesNotDirty, 6),
     "ours_dummy_not_dirty": _entry(OursDummyNotDirty, 6),
     "tokens_past_tile_dropped": _entry(TokensPastTileDropped, 1),

@@ -86,3 +86,13 @@ def _keep_cut_lengths(t: buffers.StagedWriteTensor) -> None:
         new[3].append(len(new[2]))
     t._staged_write_indices, t._staged_write_starts = new[0], new[1]
     t._staged_write_contents, t._staged_write_cu_lens = new[2], new[3]
+
+
+class OursNullBlockRefused(BlockTables):
+    """The project's BlockTables, checking appended ids against `[1, max]`: the null block's
+    id 0, which engines append for window blocks they skip, is refused as out of range."""
+
+    def append_block_ids(self, req_index, new_block_ids, overwrite) -> None:
+        if any(0 in list(ids) for ids in new_block_ids):
+            raise ValueError(f"append_block_ids: request {req_index}: block ids must be >= 1")
+        super().append_block_ids(req_index, new_block_ids, overwrite)
