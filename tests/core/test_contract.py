@@ -215,6 +215,11 @@ def bt() -> BlockTables:
             id="padded-above-buffer",
         ),
         pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(0, 1), I64(0), -1),
+            r"num_tokens_padded must lie in \[0, 64\] .*, got -1",
+            id="padded-negative",
+        ),
+        pytest.param(
             lambda t: t.compute_slot_mappings(I32(7), I32(0, 1), I64(0), 1),
             r"idx_mapping\[0\] = 7",
             id="slot-row-past-max",
