@@ -185,6 +185,11 @@ def bt() -> BlockTables:
             id="qsl-not-from-0",
         ),
         pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(-1, 2), I64(0, 1, 2), 3),
+            r"query_start_loc must start at 0 and never decrease, got \[-1, 2\]",
+            id="qsl-from-below-0",
+        ),
+        pytest.param(
             lambda t: t.compute_slot_mappings(I32(1), I32(0, 3), I64(0, 1), 3),
             "positions has 2",
             id="positions-short",
