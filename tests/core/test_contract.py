@@ -200,6 +200,11 @@ def bt() -> BlockTables:
             id="negative-position",
         ),
         pytest.param(
+            lambda t: t.compute_slot_mappings(I32(0), I32(0, 2), I64(0, -1), 2),
+            "positions must be >= 0, got -1",
+            id="negative-position-row-0",
+        ),
+        pytest.param(
             lambda t: t.compute_slot_mappings(I32(1), I32(0, 1), I64(128), 1),
             "position 128 lies past group 0",
             id="position-past-table",
