@@ -89,3 +89,31 @@ def test_redirect_and_expansion_take_the_general_path():
     assert bt.block_tables[0].gpu[0, :2].tolist() == [6, 7]
     assert bt.block_tables[0].gpu[1, :2].tolist() == [0, 1]
     assert bt.num_blocks.np[:, 1].tolist() == [2, 1]
+
+
+@pytest.mark.parametrize(
+    "kernel_block_sizes, redirect",
+    [
+        pytest.param(None, False, id="lean"),
+        pytest.param([2, 8], False, id="kernel-blocks"),
+        pytest.param(None, True, id="redirect"),
+    ],
+)
+def test_the_null_block_id_is_appended_on_every_path(pair, kernel_block_sizes, redirect):
+    """Block id 0 is a legal id (docs/contract-notes.md: engines write the null block for
+    skipped sliding-window blocks): the lean path and the general one (kernel blocks,
+    redirect) stage it like any other id."""
+    p = pair(
+        block_sizes=[4, 8],
+        max_num_reqs=3,
+        max_num_batched_tokens=8,
+        max_num_blocks_per_group=[4, 2],
+        kernel_block_sizes=kernel_block_sizes,
+    )
+    p.bt.redirect_writes_to_null_block = p.ref.redirect_writes_to_null_block = redirect
+    p.append(1, ([0, 0, 5], [0]))
+    p.bt.apply_staged_writes()
+    for g in range(2):
+        np.testing.assert_array_equal(p.bt.block_tables[g].gpu.cpu().numpy(), p.ref.tables[g])
+    np.testing.assert_array_equal(p.bt.num_blocks.np, p.ref.num_blocks)
+    p.gather([1], 1)

@@ -185,6 +185,11 @@ def bt() -> BlockTables:
             id="qsl-not-from-0",
         ),
         pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(-1, 2), I64(0, 1, 2), 3),
+            r"query_start_loc must start at 0 and never decrease, got \[-1, 2\]",
+            id="qsl-from-below-0",
+        ),
+        pytest.param(
             lambda t: t.compute_slot_mappings(I32(1), I32(0, 3), I64(0, 1), 3),
             "positions has 2",
             id="positions-short",
@@ -193,6 +198,11 @@ def bt() -> BlockTables:
             lambda t: t.compute_slot_mappings(I32(1), I32(0, 2), I64(0, -1), 2),
             "positions must be >= 0",
             id="negative-position",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(0), I32(0, 2), I64(0, -1), 2),
+            "positions must be >= 0, got -1",
+            id="negative-position-row-0",
         ),
         pytest.param(
             lambda t: t.compute_slot_mappings(I32(1), I32(0, 1), I64(128), 1),
@@ -213,6 +223,11 @@ def bt() -> BlockTables:
             lambda t: t.compute_slot_mappings(I32(1), I32(0, 1), I64(0), 65),
             r"num_tokens_padded must lie in \[0, 64\]",
             id="padded-above-buffer",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(0, 1), I64(0), -1),
+            r"num_tokens_padded must lie in \[0, 64\] .*, got -1",
+            id="padded-negative",
         ),
         pytest.param(
             lambda t: t.compute_slot_mappings(I32(7), I32(0, 1), I64(0), 1),
