@@ -182,6 +182,43 @@ def test_refused_call_changes_nothing(torch_device):
     assert torch.equal(before[1], bt.slot_mappings)
 
 
+@pytest.mark.parametrize(
+    ("idx", "qsl", "positions", "num_tokens_padded", "message"),
+    [
+        pytest.param([4], [0, 1], [0], 1, r"idx_mapping\[0\] = 4 is neither -1", id="row-past-max"),
+        pytest.param([-2], [0, 1], [0], 1, r"idx_mapping\[0\] = -2", id="row-below-dummy"),
+        pytest.param([1, -1], [0, 3, 2], [0, 1, 2], 3, "never decrease", id="qsl-decreasing"),
+        pytest.param([1], [1, 3], [0, 1, 2], 3, "start at 0", id="qsl-not-from-0"),
+        pytest.param([1], [0, 3], [0, 1], 3, "positions has 2", id="positions-short"),
+        pytest.param([1], [0, 2], [0, -1], 2, "positions must be >= 0", id="negative-position"),
+        pytest.param(
+            [1], [0, 1], [16], 1, r"position 16 lies past group 0's table", id="position-past-table"
+        ),
+        pytest.param(
+            [1], [0, 2], [0, 1], 1, "less than the batch's 2 tokens", id="padded-below-tokens"
+        ),
+    ],
+)
+def test_forbidden_values_are_refused_before_the_launch(
+    torch_device, idx, qsl, positions, num_tokens_padded, message
+):
+    """The value checks of the two calls (docs/bad-input.md) run for the fused one too,
+    wherever inputs are validated: the call raises and changes nothing."""
+    bt = _built(torch_device)
+    bt.validate_inputs = True
+    t = lambda v, dt=torch.int32: torch.tensor(v, dtype=dt, device=torch_device)  # noqa: E731
+    bt.gather_block_tables(t([1, 1, 1]), 4)
+    before = [x.clone() for x in bt.input_block_tables], bt.slot_mappings.clone()
+    total = sum(launch_counts.values())
+    with pytest.raises(ValueError, match=message):
+        bt.gather_and_compute_slot_mappings(
+            t(idx), len(idx), t(qsl), t(positions, torch.int64), num_tokens_padded
+        )
+    assert sum(launch_counts.values()) == total and bt._input_rows_written == 4
+    assert all(torch.equal(x, y) for x, y in zip(before[0], bt.input_block_tables))
+    assert torch.equal(before[1], bt.slot_mappings)
+
+
 def test_zero_groups(torch_device):
     bt = BlockTables([], 4, 8, [], torch_device)
     t = lambda v, dt=torch.int32: torch.tensor(v, dtype=dt, device=torch_device)  # noqa: E731
