@@ -51,6 +51,33 @@ def test_aliased_slots_name_group_slot_and_both_tokens(torch_device):
     slots(off, [0, 1], [0, 1, 2], [3, 3])  # no check, no error
 
 
+@pytest.mark.parametrize(
+    ("ids", "named"),
+    [
+        pytest.param(
+            (([1], [7]), ([1], [8])), "group 0: slot 16 is shared", id="group-0-block-1-slot-16"
+        ),
+        pytest.param(
+            (([5], [1]), ([6], [1])), "group 1: slot 32 is shared", id="group-1-block-1-slot-32"
+        ),
+    ],
+)
+def test_a_shared_slot_at_the_null_bound_is_named(torch_device, ids, named):
+    """Block 1, the first past the null block, starts at slot `block_size` (SPEC.md 2):
+    the lowest slot outside the null block, so two rows holding it share a slot the
+    checks must name with both tokens (SPEC.md 8.3), like any other."""
+    bt = make(torch_device)
+    for r, row_ids in enumerate(ids):
+        bt.append_block_ids(r, row_ids, False)
+    bt.apply_staged_writes()
+    with pytest.raises(IntegrityError) as e:
+        slots(bt, [0, 1], [0, 1, 2], [0, 0])
+    assert (
+        f"{named} by token 0 (batch entry 0, row 0, position 0) and "
+        "token 1 (batch entry 1, row 1, position 0)"
+    ) in str(e.value)
+
+
 def test_negative_slot_is_named(torch_device):
     bt = make(torch_device)
     bt.append_block_ids(2, ([1], [2]), False)
