@@ -6,6 +6,8 @@ flags the interpreter's numpy turns into `&`, constants only a GPU launch takes)
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import triton
 from triton.backends import backends as triton_backends
@@ -26,3 +28,13 @@ def hopper_ttir(kernel, signature: dict[str, str], constants: dict[str, object])
     keyed = {(kernel.arg_names.index(name),): v for name, v in constants.items()}
     source = ASTSource(kernel, signature, keyed)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ttir"]
+
+
+def flag_divisions(ttir: str) -> list[str]:
+    """TTIR lines dividing (or taking the remainder of) i1 values: numpy gives `x // False
+    == 0`, so a flag divided by a flag acts as `&` in the interpreter, while LLVM folds an i1
+    division to its dividend (dividing by zero is undefined) and drops the divisor's
+    condition on a GPU."""
+    return re.findall(
+        r"arith\.(?:div|rem|floordiv|ceildiv)\w*[^\n]*:\s*(?:tensor<[^>]*x)?i1\b", ttir
+    )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hopper import hopper_ttir, needs_cuda_backend
+from hopper import flag_divisions, hopper_ttir, needs_cuda_backend
 
 from cp_blocktables import NULL_BLOCK_ID, PAD_SLOT_ID
 from cp_blocktables.kernels import gather
@@ -308,10 +308,12 @@ def test_long_prefill_spanning_many_tiles(host_tiles, pair):
 
 @needs_cuda_backend
 @pytest.mark.parametrize("mask_window", [False, True], ids=["no-window", "sliding-window"])
-def test_the_compiled_gather_builds(mask_window):
+def test_the_compiled_gather_builds_and_divides_no_flags(mask_window):
     """The gather kernel as CUDA launches it, with a GPU's own constants, built on CPU for a
     Hopper GPU: the interpreter never compiles it. `gather_rows`, the work of one program,
-    must be a `dual_device_fn` for the compiled kernel to call it at all."""
+    must be a `dual_device_fn` for the compiled kernel to call it at all, and no integer
+    division may take a flag operand (`hopper.flag_divisions`): a row's `real` divided by
+    `r < max_num_reqs` would read rows past the table on a GPU."""
     kernel = gather._gather_block_tables_kernel._compiled
     signature = {name: "i32" for name in kernel.arg_names}
     signature.update(
@@ -321,4 +323,6 @@ def test_the_compiled_gather_builds(mask_window):
     )  # fmt: skip
     rows, constants = gather._gather_meta(False, 100, mask_window, 0)
     assert (rows, constants["COLS"]) == (16, 128)  # 2048 entries a program, 128 columns
-    assert "tt.store" in hopper_ttir(kernel, signature, constants)
+    ttir = hopper_ttir(kernel, signature, constants)
+    assert "tt.store" in ttir
+    assert flag_divisions(ttir) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hopper import hopper_ttir, needs_cuda_backend
+from hopper import flag_divisions, hopper_ttir, needs_cuda_backend
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -238,10 +238,11 @@ def test_zero_groups(torch_device):
         pytest.param(True, True, id="by-request-sliding-window"),
     ],
 )
-def test_the_compiled_fused_kernel_builds(by_request, mask_window):
+def test_the_compiled_fused_kernel_builds_and_divides_no_flags(by_request, mask_window):
     """The fused read as CUDA launches it, built on CPU for a Hopper GPU: the interpreter
     never compiles it. Every device function it calls (`gather_rows` and the slot mapping's)
-    must be a `dual_device_fn` for the compiled kernel to call it at all."""
+    must be a `dual_device_fn` for the compiled kernel to call it at all, and none may
+    divide a flag (`hopper.flag_divisions`)."""
     kernel = fused_reads._gather_and_slot_mappings_kernel._compiled
     signature = {name: "i32" for name in kernel.arg_names}
     signature.update(
@@ -256,4 +257,6 @@ def test_the_compiled_fused_kernel_builds(by_request, mask_window):
         SEARCH_STEPS=4, POS32=True, POW2=True, PAD_ID=-1, TILE=512, BY_REQUEST=by_request,
         REQ_TILE=1024 if by_request else 1, REQ_TILES=8 if by_request else 1,
     )  # fmt: skip
-    assert "tt.store" in hopper_ttir(kernel, signature, constants)
+    ttir = hopper_ttir(kernel, signature, constants)
+    assert "tt.store" in ttir
+    assert flag_divisions(ttir) == []

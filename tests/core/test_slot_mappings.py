@@ -9,7 +9,6 @@ them is tested at its bounds.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -17,7 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from hopper import hopper_ttir, needs_cuda_backend
+from hopper import flag_divisions, hopper_ttir, needs_cuda_backend
 
 from cp_blocktables import BlockTables, BlockTablesConfig
 from cp_blocktables._jit import launch_counts
@@ -676,17 +675,19 @@ def test_a_gpus_constants_map_as_the_reference_on_cpu(layout):
 
 
 @pytest.mark.parametrize(
-    ("max_num_reqs", "num_entries"),
+    ("max_num_reqs", "num_entries", "depth"),
     [
-        pytest.param(32, 20, id="32-rows-20-entries"),
-        pytest.param(16, 16, id="16-rows-16-entries"),
+        pytest.param(32, 20, 8, id="32-rows-20-entries"),
+        pytest.param(16, 16, 8, id="16-rows-16-entries"),
+        pytest.param(8, 8, 4, id="8-rows-8-entries"),
     ],
 )
-def test_a_gpus_search_depth_finds_every_entry_on_cpu(max_num_reqs, num_entries):
-    """The GPU's search depth (`max_num_reqs.bit_length()`, 6 or 5 steps, rounded up to 8),
-    run by the interpreter over one 512-token tile that spans every entry: a depth short of
-    `bit_length(num_reqs)` leaves later entries' tokens with an earlier entry's row. 16
-    entries take a fifth step (17 candidates), which a depth of 4 lacks."""
+def test_a_gpus_search_depth_finds_every_entry_on_cpu(max_num_reqs, num_entries, depth):
+    """The GPU's search depth (`max_num_reqs.bit_length()`, 6, 5 or 4 steps, rounded up to a
+    multiple of 4), run by the interpreter over one 512-token tile that spans every entry: a
+    depth short of `bit_length(num_reqs)` leaves later entries' tokens with an earlier entry's
+    row. 16 entries take a fifth step (17 candidates), which a depth of 4 lacks; 8 entries a
+    fourth (9 candidates), which a depth of 3 lacks."""
     config = _config(max_num_reqs=max_num_reqs, max_num_batched_tokens=600)
     requests = [
         ((7 * b) % max_num_reqs if b % 5 else -1, 30 * b, 1 + b % 3) for b in range(num_entries)
@@ -705,7 +706,7 @@ def test_a_gpus_search_depth_finds_every_entry_on_cpu(max_num_reqs, num_entries)
     )  # fmt: skip
     expected = ref.slot_mappings(idx, qsl, pos, out_len)
     np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
-    assert gpu.tile_meta["SEARCH_STEPS"] == 8
+    assert gpu.tile_meta["SEARCH_STEPS"] == depth
 
 
 def _compiled_ttir(by_request: bool, pow2: bool, pos32: bool) -> str:
@@ -738,7 +739,4 @@ def test_the_compiled_kernel_builds_and_divides_no_flags(by_request, pow2, pos32
     as `&` in the interpreter, while LLVM folds an i1 division to its dividend (dividing by
     zero is undefined) and drops the divisor's condition on a GPU."""
     ttir = _compiled_ttir(by_request, pow2, pos32)
-    flag_divisions = re.findall(
-        r"arith\.(?:div|rem|floordiv|ceildiv)\w*[^\n]*:\s*(?:tensor<[^>]*x)?i1\b", ttir
-    )
-    assert flag_divisions == []
+    assert flag_divisions(ttir) == []
