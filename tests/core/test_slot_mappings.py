@@ -18,7 +18,7 @@ import pytest
 import torch
 from hopper import flag_divisions, hopper_ttir, needs_cuda_backend
 
-from cp_blocktables import BlockTables, BlockTablesConfig
+from cp_blocktables import PAD_SLOT_ID, BlockTables, BlockTablesConfig
 from cp_blocktables._jit import launch_counts
 from cp_blocktables.kernels import _common, slot_mappings
 from cp_blocktables.reference import ReferenceBlockTables
@@ -443,13 +443,67 @@ def test_a_request_program_writes_only_its_own_entrys_tokens(entries):
     np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
 
 
+def _one_row_longer(table: torch.Tensor) -> torch.Tensor:
+    """A view of an allocation one row longer than `table`, whose extra row holds block 3."""
+    rows, width = table.shape
+    longer = torch.full((rows + 1, width), 3, dtype=table.dtype, device=table.device)
+    return longer[:rows].zero_()
+
+
+@pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param(_config(), id="cp1-pow2"),
+        pytest.param(
+            _config(block_sizes=[12, 24], cp_size=3, cp_rank=0, cp_interleave=4),
+            id="cp3-rank-0-not-pow2",  # rank 0 owns positions 0-3 and their neighbour -1
+        ),
+    ],
+)
+def test_unchecked_rows_past_the_table_and_negative_positions_pad(
+    torch_device, force_layout, layout, config
+):
+    """Unchecked input (validation off; refused when validating, docs/bad-input.md:
+    `[slot-row-past-max]`, `[negative-position]`): a row outside `[0, max_num_reqs)` is a
+    dummy request, and a position outside its table, -1 included, maps to PAD_SLOT_ID
+    (docs/contract-notes.md, input checks). Row `max_num_reqs` lies in an allocation one row
+    longer whose extra row holds block ids, and position -1 falls in column -1 (by shifts:
+    the last entry of the row before) or 0 (by truncating division), ids too: a kernel that
+    read either would map a slot there."""
+    legal = [(1, 40, 3), (2, 0, 2), (5, 17, 2)]
+    bt, ref = _build(torch_device, config, legal, 1, reallocate=_one_row_longer)
+    bt.validate_inputs = False
+    # row past the table; then row 2's tokens at positions -1 and 0
+    requests = [(1, 40, 3), (bt.max_num_reqs, 0, 4), (2, -1, 2), (5, 17, 2)]
+    idx, qsl, pos = _batch(requests, bt.num_kv_cache_groups)
+    negative = qsl[2]
+    assert idx[1] == bt.max_num_reqs and pos[negative] == -1
+    as_dummy, at_zero = idx.copy(), pos.copy()
+    as_dummy[1], at_zero[negative] = -1, 0  # the reference maps legal input only
+    expected = ref.slot_mappings(as_dummy, qsl, at_zero, bt.max_num_batched_tokens)
+    expected[:, negative] = PAD_SLOT_ID
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    force_layout(layout)
+
+    bt.slot_mappings.fill_(GARBAGE)
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), bt.max_num_batched_tokens)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+    out = torch.full_like(bt.slot_mappings, GARBAGE)
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), bt.max_num_batched_tokens, out=out)
+    np.testing.assert_array_equal(out.cpu().numpy(), expected)
+    bt.slot_mappings.fill_(GARBAGE)
+    bt.gather_and_compute_slot_mappings(t(idx), len(idx), t(qsl), t(pos), bt.max_num_batched_tokens)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
 # ------------------------------------------------------------------ inputs that end at a page
 
 _AT_PAGE_END = textwrap.dedent(
     """
     import ctypes, mmap, sys
     import numpy as np, torch
-    from cp_blocktables import BlockTables, BlockTablesConfig
+    from cp_blocktables import PAD_SLOT_ID, BlockTables, BlockTablesConfig
     from cp_blocktables.reference import ReferenceBlockTables
 
     def at_page_end(values, dtype):
