@@ -742,3 +742,22 @@ def test_the_compiled_kernel_builds_and_divides_no_flags(by_request, pow2, pos32
         r"arith\.(?:div|rem|floordiv|ceildiv)\w*[^\n]*:\s*(?:tensor<[^>]*x)?i1\b", ttir
     )
     assert flag_divisions == []
+
+
+@needs_cuda_backend
+@pytest.mark.parametrize(
+    ("by_request", "pow2", "pos32"),
+    [
+        pytest.param(False, True, True, id="by-tile-shifts-int32"),
+        pytest.param(True, False, False, id="by-request-divisions-int64"),
+    ],
+)
+def test_the_compiled_kernel_shifts_no_flags(by_request, pow2, pos32):
+    """The builds of the test before: no shift may take a boolean operand either. Triton
+    types a shift of two flags as an i1 shift, which Triton 3.9's interpreter wraps to one
+    bit (`1 << 1 == 0`), an older interpreter computes in numpy's int8 (`1 << 1 == 2`,
+    nonzero), and LLVM folds to its left operand (an i1 shifted by 1 is poison): three back
+    ends, three answers."""
+    ttir = _compiled_ttir(by_request, pow2, pos32)
+    flag_shifts = re.findall(r"arith\.sh\w*[^\n]*:\s*(?:tensor<[^>]*x)?i1\b", ttir)
+    assert flag_shifts == []
