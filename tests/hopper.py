@@ -38,3 +38,9 @@ def flag_divisions(ttir: str) -> list[str]:
     return re.findall(
         r"arith\.(?:div|rem|floordiv|ceildiv)\w*[^\n]*:\s*(?:tensor<[^>]*x)?i1\b", ttir
     )
+
+
+def flag_shifts(ttir: str) -> list[str]:
+    """TTIR lines shifting i1 values: Triton 3.9's interpreter wraps `1 << 1` to one bit (0),
+    an older one computes it in int8 (2), and LLVM folds it to its left operand."""
+    return re.findall(r"arith\.sh\w*[^\n]*:\s*(?:tensor<[^>]*x)?i1\b", ttir)

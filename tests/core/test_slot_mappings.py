@@ -16,7 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from hopper import flag_divisions, hopper_ttir, needs_cuda_backend
+from hopper import flag_divisions, flag_shifts, hopper_ttir, needs_cuda_backend
 
 from cp_blocktables import PAD_SLOT_ID, BlockTables, BlockTablesConfig
 from cp_blocktables._jit import launch_counts
@@ -794,3 +794,17 @@ def test_the_compiled_kernel_builds_and_divides_no_flags(by_request, pow2, pos32
     zero is undefined) and drops the divisor's condition on a GPU."""
     ttir = _compiled_ttir(by_request, pow2, pos32)
     assert flag_divisions(ttir) == []
+
+
+@needs_cuda_backend
+@pytest.mark.parametrize(
+    ("by_request", "pow2", "pos32"),
+    [
+        pytest.param(False, True, True, id="by-tile-shifts-int32"),
+        pytest.param(True, False, False, id="by-request-divisions-int64"),
+    ],
+)
+def test_the_compiled_kernel_shifts_no_flags(by_request, pow2, pos32):
+    """The builds of the test before: no shift may take a boolean operand either (three back
+    ends, three answers: `flag_shifts`)."""
+    assert flag_shifts(_compiled_ttir(by_request, pow2, pos32)) == []
