@@ -443,24 +443,45 @@ def test_a_request_program_writes_only_its_own_entrys_tokens(entries):
     np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
 
 
-def _one_row_longer(table: torch.Tensor) -> torch.Tensor:
-    """A view of an allocation one row longer than `table`, whose extra row holds block 3."""
-    rows, width = table.shape
-    longer = torch.full((rows + 1, width), 3, dtype=table.dtype, device=table.device)
-    return longer[:rows].zero_()
+def _rows_longer(extra: int):
+    """`_build`'s `reallocate`: each table becomes a view of an allocation `extra` rows
+    longer, whose extra rows hold block 3."""
+
+    def reallocate(table: torch.Tensor) -> torch.Tensor:
+        rows, width = table.shape
+        longer = torch.full((rows + extra, width), 3, dtype=table.dtype, device=table.device)
+        return longer[:rows].zero_()
+
+    return reallocate
+
+
+_one_row_longer = _rows_longer(1)
+
+UNCHECKED_CONFIGS = [
+    pytest.param(_config(), id="cp1-pow2"),
+    pytest.param(
+        _config(block_sizes=[12, 24], cp_size=3, cp_rank=0, cp_interleave=4),
+        id="cp3-rank-0-not-pow2",  # rank 0 owns positions 0-3 and their neighbour -1
+    ),
+]
+
+
+def _assert_every_slot_call_maps(bt, idx, qsl, pos, expected, torch_device):
+    """Into the persistent buffer, into `out`, and fused with a gather: `expected` each time."""
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    bt.slot_mappings.fill_(GARBAGE)
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), bt.max_num_batched_tokens)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+    out = torch.full_like(bt.slot_mappings, GARBAGE)
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), bt.max_num_batched_tokens, out=out)
+    np.testing.assert_array_equal(out.cpu().numpy(), expected)
+    bt.slot_mappings.fill_(GARBAGE)
+    bt.gather_and_compute_slot_mappings(t(idx), len(idx), t(qsl), t(pos), bt.max_num_batched_tokens)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
 
 
 @pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
-@pytest.mark.parametrize(
-    "config",
-    [
-        pytest.param(_config(), id="cp1-pow2"),
-        pytest.param(
-            _config(block_sizes=[12, 24], cp_size=3, cp_rank=0, cp_interleave=4),
-            id="cp3-rank-0-not-pow2",  # rank 0 owns positions 0-3 and their neighbour -1
-        ),
-    ],
-)
+@pytest.mark.parametrize("config", UNCHECKED_CONFIGS)
 def test_unchecked_rows_past_the_table_and_negative_positions_pad(
     torch_device, force_layout, layout, config
 ):
@@ -483,18 +504,28 @@ def test_unchecked_rows_past_the_table_and_negative_positions_pad(
     as_dummy[1], at_zero[negative] = -1, 0  # the reference maps legal input only
     expected = ref.slot_mappings(as_dummy, qsl, at_zero, bt.max_num_batched_tokens)
     expected[:, negative] = PAD_SLOT_ID
-    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
     force_layout(layout)
+    _assert_every_slot_call_maps(bt, idx, qsl, pos, expected, torch_device)
 
-    bt.slot_mappings.fill_(GARBAGE)
-    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), bt.max_num_batched_tokens)
-    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
-    out = torch.full_like(bt.slot_mappings, GARBAGE)
-    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), bt.max_num_batched_tokens, out=out)
-    np.testing.assert_array_equal(out.cpu().numpy(), expected)
-    bt.slot_mappings.fill_(GARBAGE)
-    bt.gather_and_compute_slot_mappings(t(idx), len(idx), t(qsl), t(pos), bt.max_num_batched_tokens)
-    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+@pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
+@pytest.mark.parametrize("config", UNCHECKED_CONFIGS)
+def test_unchecked_rows_further_past_the_table_pad(torch_device, force_layout, layout, config):
+    """As the test above, for rows `max_num_reqs + 1` and `max_num_reqs + 2`: every row
+    outside `[0, max_num_reqs)`, not only the first one past it, is a dummy request whose
+    tokens pad (docs/contract-notes.md, input checks). Both rows lie in an allocation three
+    rows longer whose extra rows hold block ids, and their tokens sit at positions this rank
+    owns: a kernel that read either row would map a slot there."""
+    legal = [(1, 40, 3), (5, 17, 2)]
+    bt, ref = _build(torch_device, config, legal, 1, reallocate=_rows_longer(3))
+    bt.validate_inputs = False
+    past = bt.max_num_reqs
+    requests = [(1, 40, 3), (past + 1, 0, 4), (5, 17, 2), (past + 2, 0, 3)]
+    idx, qsl, pos = _batch(requests, bt.num_kv_cache_groups)
+    as_dummy = np.where(idx >= past, -1, idx).astype(np.int32)  # the reference maps legal input
+    expected = ref.slot_mappings(as_dummy, qsl, pos, bt.max_num_batched_tokens)
+    force_layout(layout)
+    _assert_every_slot_call_maps(bt, idx, qsl, pos, expected, torch_device)
 
 
 # ------------------------------------------------------------------ inputs that end at a page
