@@ -794,6 +794,16 @@ def test_a_gpus_search_depth_finds_every_entry_on_cpu(max_num_reqs, num_entries,
     assert gpu.tile_meta["SEARCH_STEPS"] == depth
 
 
+_COMPILED_LAYOUTS = pytest.mark.parametrize(
+    ("by_request", "pow2", "pos32"),
+    [
+        pytest.param(False, True, True, id="by-tile-shifts-int32"),
+        pytest.param(True, False, False, id="by-request-divisions-int64"),
+    ],
+)
+"""Two builds of the CUDA slot-mapping kernel that between them take every branch."""
+
+
 def _compiled_ttir(by_request: bool, pow2: bool, pos32: bool) -> str:
     """The slot-mapping kernel's TTIR as Triton compiles it for a Hopper GPU (no GPU needed)."""
     kernel = slot_mappings._compute_slot_mappings_kernel._compiled
@@ -810,13 +820,7 @@ def _compiled_ttir(by_request: bool, pow2: bool, pos32: bool) -> str:
 
 
 @needs_cuda_backend
-@pytest.mark.parametrize(
-    ("by_request", "pow2", "pos32"),
-    [
-        pytest.param(False, True, True, id="by-tile-shifts-int32"),
-        pytest.param(True, False, False, id="by-request-divisions-int64"),
-    ],
-)
+@_COMPILED_LAYOUTS
 def test_the_compiled_kernel_builds_and_divides_no_flags(by_request, pow2, pos32):
     """What CUDA launches, built on CPU: the interpreter never compiles it. Both device
     functions must be `dual_device_fn`s for it to build at all, and no integer division may
@@ -828,13 +832,7 @@ def test_the_compiled_kernel_builds_and_divides_no_flags(by_request, pow2, pos32
 
 
 @needs_cuda_backend
-@pytest.mark.parametrize(
-    ("by_request", "pow2", "pos32"),
-    [
-        pytest.param(False, True, True, id="by-tile-shifts-int32"),
-        pytest.param(True, False, False, id="by-request-divisions-int64"),
-    ],
-)
+@_COMPILED_LAYOUTS
 def test_the_compiled_kernel_shifts_no_flags(by_request, pow2, pos32):
     """The builds of the test before: no shift may take a boolean operand either (three back
     ends, three answers: `flag_shifts`)."""
