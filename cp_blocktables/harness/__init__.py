@@ -16,7 +16,8 @@ the independent reference. Modules, in the order a run meets them:
   `impl_loader` (an implementation named `module:attribute`), `features`
   (what it accepts);
 * the workload: `workload` (the steps and their loop), `lifecycle` (requests,
-  blocks, appends), `batch_shape` (a step's batch), `corner_counts`;
+  blocks), `step_writes` (the calls a step's appends become), `batch_shape` (a
+  step's batch), `corner_counts`;
 * one rank: `runner` drives it; `executor` runs one step, with
   `executor_paths` (optional arguments, profiling writes),
   `executor_checks` (what one rank can check alone) and `guarded` (inputs

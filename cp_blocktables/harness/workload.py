@@ -36,9 +36,9 @@ from .lifecycle import (  # noqa: F401 - Append, Finished, Release are re-export
     Release,
     _LifeCycle,
     _Request,
-    _Writes,
 )
 from .presets import Preset
+from .step_writes import _Writes
 
 
 @dataclass
