@@ -125,6 +125,8 @@ class Phase(runner._PresetRun):
             if executor is None:
                 return impl, None, found
             self.seat.state = ServingState(impl, self.preset, self.comm.rank)
+        else:
+            _empty_every_row(self.seat.state.impl, self.preset.max_num_reqs)
         ex = self.make_executor()
         found = ex.check_buffers()
         for v in found:
@@ -134,3 +136,15 @@ class Phase(runner._PresetRun):
 
     def make_executor(self) -> ServingExecutor:
         return ServingExecutor(self.seat, self.preset, self.comm.device, self.fault, self.where)
+
+
+def _empty_every_row(impl: object, max_num_reqs: int) -> None:
+    """Set every row's length to 0 on a kept instance (its requests drained), as a fresh one
+    has it: a workload's appends land at the lengths it wrote, and a junk append before an
+    overwrite fills a row up to its capacity from the length the workload gave it."""
+    n = impl.num_kv_cache_groups
+    if not n:
+        return
+    for row in range(max_num_reqs):
+        impl.append_block_ids(row, tuple([] for _ in range(n)), True)
+    impl.apply_staged_writes()

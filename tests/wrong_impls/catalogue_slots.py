@@ -97,7 +97,8 @@ class Int32Slots(StandInBlockTables):
 
 
 class RareWrongSlot(StandInBlockTables):
-    """One compute_slot_mappings call in fifty (at random) moves one token's slot by one."""
+    """One compute_slot_mappings call in fifty (at random) moves one token's slot by one, in
+    a group every rank writes (unsharded, or cp_size 1: check 2)."""
 
     def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, n, out=None):
         res = super().compute_slot_mappings(idx_mapping, query_start_loc, positions, n, out)
@@ -105,6 +106,8 @@ class RareWrongSlot(StandInBlockTables):
         self._rng = rng
         buf = self.slot_mappings if out is None else out
         real = (buf[:, : int(query_start_loc[-1])] != PAD_SLOT_ID).nonzero()
+        everyone = [g for g in range(buf.shape[0]) if self.cfg.group_cp_size(g) == 1]
+        real = real[torch.isin(real[:, 0], torch.tensor(everyone, dtype=real.dtype))]
         if rng.random() < 1 / 50 and len(real):
             g, t = real[int(rng.integers(len(real)))].tolist()
             buf[g, t] += 1
