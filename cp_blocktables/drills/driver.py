@@ -17,7 +17,14 @@ import uuid
 import torch.distributed as dist
 
 from ..harness import checks, runner
-from ..harness.dist import Comm, PeerError, RankEnv, choose_backend, disarm_watchdog
+from ..harness.dist import (
+    Comm,
+    PeerError,
+    RankEnv,
+    choose_backend,
+    disarm_watchdog,
+    end_after_peer_failure,
+)
 from ..harness.impl_loader import ImplSpecError, load_impl
 from .era_comm import EraComm
 from .executor import Seat
@@ -49,8 +56,7 @@ def _run(comm: Comm, opts: DrillOptions, join) -> int:
         join(comm)
         return _drill(comm, opts, t0)
     except PeerError as e:
-        print(f"cp-blocktables: {e}", file=sys.stderr, flush=True)
-        return 1
+        return end_after_peer_failure(e)
     finally:
         disarm_watchdog()
         comm.close()

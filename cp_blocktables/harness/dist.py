@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from .backend import BackendUsageError, Placement, choose_backend
 from .comm import Comm, arm_watchdog, disarm_watchdog
-from .group import PeerError, RankEnv
+from .group import PeerError, RankEnv, end_after_peer_failure
 from .spawn import spawn_local
 
 __all__ = [
     "BackendUsageError",
     "Comm",
     "PeerError",
+    "end_after_peer_failure",
     "Placement",
     "RankEnv",
     "arm_watchdog",

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -21,6 +23,19 @@ import torch.distributed as dist
 
 class PeerError(RuntimeError):
     """A collective failed: a peer died, hung, or never arrived. The message names it."""
+
+
+def end_after_peer_failure(e: PeerError) -> int:
+    """Print `e` and give exit code 1; under torchrun, only once the next whole second began.
+
+    torchrun names as the root cause the failure of the smallest timestamp, in whole
+    seconds, ties going to the lowest rank. A rank that ends because a peer failed would
+    often share that peer's second and be named in its place.
+    """
+    print(f"cp-blocktables: {e}", file=sys.stderr, flush=True)
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        time.sleep(1.5 - time.time() % 1.0)
+    return 1
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,15 @@ import torch
 from . import checks, presets, probes, report, wake_probe
 from .checks import GroupChecker, Violation
 from .device_checks import split_on_device, use_device_checks
-from .dist import Comm, PeerError, RankEnv, arm_watchdog, choose_backend, disarm_watchdog
+from .dist import (
+    Comm,
+    PeerError,
+    RankEnv,
+    arm_watchdog,
+    choose_backend,
+    disarm_watchdog,
+    end_after_peer_failure,
+)
 from .executor import _Executor
 from .features import UNSUPPORTED, Accepts, constructor_kwargs, inspect_factory, missing_methods
 from .impl_loader import ImplSpecError, load_impl
@@ -280,8 +288,7 @@ def run_rank(opts: VerifyOptions) -> int:
         comm.init()
         return _run(comm, opts, t0)
     except PeerError as e:
-        print(f"cp-blocktables: {e}", file=sys.stderr, flush=True)
-        return 1
+        return end_after_peer_failure(e)
     finally:
         disarm_watchdog()
         comm.close()
