@@ -97,8 +97,8 @@ class OursIntegrityNamesCutRows(BlockTables):
         counts = (self.num_blocks.gpu, self.num_blocks.np)
         args = (dst, sources, idx_mapping, *counts, self.kernel_block_sizes,
                 self.sliding_window_reach, num_computed_tokens)  # fmt: skip
-        rows = [r for r in idx_mapping.cpu().tolist() if r >= 0]
-        stale = (self.num_blocks.gpu.cpu().numpy()[:, rows] != self.num_blocks.np[:, rows]).any()
+        read = [r for r in idx_mapping.cpu().tolist() if r >= 0]
+        stale = (self.num_blocks.gpu.cpu().numpy()[:, read] != self.num_blocks.np[:, read]).any()
         if stale or not int(integrity.count_gather_faults(*args)):
             return super()._check_gathered(dst, idx_mapping, num_computed_tokens)
         named = []
