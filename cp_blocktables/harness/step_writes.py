@@ -33,15 +33,18 @@ class _Writes:
         g_count = self.num_groups
         if not g_count:
             return
+        groups = range(g_count)
         force_split = "writes_past_max_reqs" in p.corners and not c["writes_past_max_reqs"]
         out: list[Append] = []
         for a in step.appends:
+            # per group: a junk append before `a` may fill the row (computed once)
+            spill = [a.overwrite and self._spill_would_show(a, g, step, out) for g in groups]
             if a.overwrite and (
                 rng.random() < p.multi_write_prob
                 or self._overdue("append_then_overwrite")
-                or any(self._spill_would_show(a, g, step, out) for g in range(g_count))
+                or any(spill)
             ):
-                junk = self._junk_append(a, step, out)
+                junk = self._junk_append(a, spill)
                 if junk is not None:
                     out.append(junk)
                     c["append_then_overwrite"] += 1
@@ -84,7 +87,7 @@ class _Writes:
         for g, ids in enumerate(a.block_ids):
             counts[g, a.row] = (0 if a.overwrite else counts[g, a.row]) + len(ids)
 
-    def _junk_append(self, a: Append, step: Step, staged: list[Append]) -> Append | None:
+    def _junk_append(self, a: Append, spill: list[bool]) -> Append | None:
         """Ids appended to the row just before `a` overwrites it (`a` must win).
 
         Up to three ids; but where `a` ends inside the row's free room, behind
@@ -96,7 +99,7 @@ class _Writes:
         junk = []
         for g, ids in enumerate(a.block_ids):
             room = self.capacity[g] - int(self.row_counts[g, a.row])
-            if self._spill_would_show(a, g, step, staged):
+            if spill[g]:
                 self.corners["overwrite_cuts_full_append"] += 1
                 junk.append(tuple(reversed((ids * room)[:room])))
                 continue
