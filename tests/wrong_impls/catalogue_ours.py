@@ -77,15 +77,15 @@ def _keep_cut_lengths(t: buffers.StagedWriteTensor) -> None:
     pieces = buffers._drop_overwritten(rows, starts, cu_lens)
     if pieces is None:
         return
-    new = [[], [], [], []]  # rows, starts, contents, cu_lens
+    new_rows, new_starts, new_contents, new_cu = [], [], [], []
     for w, x, lo, _ in pieces:
         whole = cu_lens[w] - (cu_lens[w - 1] if w else 0)
-        new[0].append(rows[w])
-        new[1].append(x)
-        new[2].extend(contents[lo : lo + whole])
-        new[3].append(len(new[2]))
-    t._staged_write_indices, t._staged_write_starts = new[0], new[1]
-    t._staged_write_contents, t._staged_write_cu_lens = new[2], new[3]
+        new_rows.append(rows[w])
+        new_starts.append(x)
+        new_contents.extend(contents[lo : lo + whole])
+        new_cu.append(len(new_contents))
+    t._staged_write_indices, t._staged_write_starts = new_rows, new_starts
+    t._staged_write_contents, t._staged_write_cu_lens = new_contents, new_cu
 
 
 class OursNullBlockRefused(BlockTables):
