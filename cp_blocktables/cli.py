@@ -21,7 +21,8 @@ from .bench import cli_args as bench_cli
 from .cli_base import Subcommand, UsageError, actions_parser, run_action
 from .drills import cli_args as drill_cli
 from .harness import cli_args as harness_cli
-from .mutate.command import add_mutate_arguments, run_mutate
+from .mutate.cli_args import add_mutate_arguments
+from .mutate.command import run_mutate
 
 __all__ = ["BENCH_ACTIONS", "DRILL_ACTIONS", "SUBCOMMANDS", "UsageError", "build_parser", "main"]
 

@@ -26,6 +26,7 @@ Invariants:
 Modules: `scratch` builds the copy, `session` drives Cosmic Ray, `shares` splits a
 run into sessions run at once and resumed, `reach` records the mutants in
 statements the unmutated test command never runs as survivors, `outcome`
-classifies and reports, `probe` is the per-mutant test command, `command`
-the CLI sub-command.
+classifies and reports, `record` keeps every verdict in a ledger that outlives
+the machine, `probe` is the per-mutant test command, `command` the CLI
+sub-command and `cli_args` its options.
 """

@@ -34,119 +34,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import outcome, reach, scratch, session, shares
+from . import outcome, reach, record, scratch, session, shares
+from .cli_args import DEFAULT_PRESETS
 from .probe import INCOMPETENT_EXIT
 
-DEFAULT_PRESETS = ("mutation", "mutation-cp1", "mutation-odd", "groups-0")
 MUTANT_HOST_TILE = 16
 """Elements per interpreted program in the fast stage: the mutation presets' small steps
 then take several programs a launch, as every launch on a GPU does (the confirming run
 keeps the default tiles)."""
-
-
-def add_mutate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--sample",
-        type=int,
-        default=None,
-        metavar="N",
-        help="run a fixed random sample of N mutants (default: all)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument(
-        "--modules",
-        action="append",
-        metavar="NAME",
-        help="mutate only these implementation modules (dotted, relative to the "
-        "package, e.g. kernels or buffers; repeatable or comma-separated)",
-    )
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="S",
-        help="seconds per mutant (default: 5x the baseline run, at least 60)",
-    )
-    p.add_argument("--report", metavar="PATH", help="write figures and every verdict as JSON")
-    p.add_argument(
-        "--preset",
-        action="append",
-        metavar="NAME",
-        help=f"harness presets per mutant (default: {' '.join(DEFAULT_PRESETS)})",
-    )
-    p.add_argument("--world-size", type=int, default=2, help="harness ranks (default 2)")
-    p.add_argument(
-        "--confirm-preset",
-        action="append",
-        metavar="NAME",
-        help="presets of the confirming run that a mutant surviving --preset must also "
-        "pass to count as a survivor (default: the default sweep, as `verify` runs it)",
-    )
-    p.add_argument(
-        "--confirm-world-size",
-        type=int,
-        default=8,
-        help="ranks of the confirming run (default 8, as `make verify`)",
-    )
-    p.add_argument(
-        "--no-confirm",
-        action="store_true",
-        help="a mutant that passes --preset survives (no confirming run: faster, weaker)",
-    )
-    p.add_argument(
-        "--allowlist",
-        metavar="PATH",
-        help="argued survivors: equivalent, outside the contract or GPU only "
-        "(default: docs/mutation-survivors.md of the project)",
-    )
-    p.add_argument(
-        "--work-dir",
-        metavar="DIR",
-        help="keep the copy, config, session (sqlite) and log here "
-        "(default: a temporary directory, removed afterwards)",
-    )
-    p.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="build the copy and the session, print the mutant count, run nothing",
-    )
-    p.add_argument(
-        "--no-coverage",
-        action="store_true",
-        help="run every mutant: no coverage pre-pass recording the mutants in statements "
-        "the unmutated test command never runs as survivors (not reached) without running them",
-    )
-    p.add_argument("--progress", action="store_true", help="print progress every 30 s")
-    p.add_argument(
-        "--jobs",
-        type=int,
-        default=1,
-        metavar="N",
-        help="mutants run at once, each on a copy of its own (default 1; a mutant's fast "
-        "stage takes 2 cores)",
-    )
-    p.add_argument(
-        "--shares",
-        type=int,
-        default=None,
-        metavar="N",
-        help="sessions the run is split into (default: --jobs); more shares than jobs lets a "
-        "later --resume on a bigger host run more at once",
-    )
-    p.add_argument(
-        "--time-limit",
-        type=float,
-        default=None,
-        metavar="S",
-        help="stop S seconds after the start (setup and baseline included); what is left "
-        "stays pending in --work-dir for --resume (exit 3)",
-    )
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="run what is pending in the sessions of --work-dir (made here or on another "
-        "host), after copying the pristine implementation again",
-    )
 
 
 def _project() -> tuple[Path, Path]:
@@ -219,13 +114,21 @@ def run_mutate(args: argparse.Namespace) -> int:
     except (session.CosmicRayError, reach.ReachError, ValueError) as e:
         print(f"cp-blocktables mutate: error: {e}", file=sys.stderr)
         return 2
+    if args.merge_record:
+        return _merge_record(Path(args.record), Path(args.merge_record))
     source_dir, root = _project()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="cpbt-mutate-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         with shares.sigterm_unwinds():
             return _run(args, source_dir, root, work.resolve())
-    except (ValueError, FileNotFoundError, session.CosmicRayError, reach.ReachError) as e:
+    except (
+        ValueError,
+        FileNotFoundError,
+        session.CosmicRayError,
+        reach.ReachError,
+        record.RecordError,
+    ) as e:
         print(f"cp-blocktables mutate: error: {e}", file=sys.stderr)
         return 2
     finally:
@@ -244,6 +147,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError("--resume needs the --work-dir of the run to resume")
     if args.resume and (args.sample is not None or args.shares is not None):
         raise ValueError("--resume keeps the run's mutants and shares: no --sample or --shares")
+    if args.merge_record and not args.record:
+        raise ValueError("--merge-record needs the --record ledger to merge into")
 
 
 def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> int:
@@ -286,18 +191,34 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
         print(f"mutate: resuming {count} shares: {total} mutants, {pending} still to run")
     else:
         total, annotation, pending = _init(args, parts, work, env)
+    ledger_path = Path(args.record) if args.record else None
+    ledger = record.read(ledger_path) if ledger_path else {}
+    if ledger:
+        known = _skip_recorded(parts, origins, ledger, args.jobs)
+        pending -= known
+        print(f"mutate: {known} mutants recorded in {ledger_path}, not run again; {pending} to run")
     if args.dry_run:
         return 0
     if pending and not args.no_coverage:
         cmd = test_command(parts[0].sp, fast, confirm, max(10.0, timeout / 2))
         reach.prepass(parts, cmd, env, timeout, _left(args, started))
-    left = _left(args, started)
-    finished = shares.execute(parts, env, args.jobs, args.progress, left)
     allow_path = Path(args.allowlist) if args.allowlist else root / "docs" / "mutation-survivors.md"
     allowlist = outcome.read_allowlist(allow_path)
-    vs = [
-        v for sh in parts for v in outcome.verdicts(session.read_mutants(sh.db), origins, allowlist)
-    ]
+
+    def _verdicts() -> list[outcome.Verdict]:
+        return [
+            v
+            for sh in parts
+            for v in outcome.verdicts(session.read_mutants(sh.db), origins, allowlist, ledger)
+        ]
+
+    try:
+        finished = shares.execute(parts, env, args.jobs, args.progress, _left(args, started))
+    finally:  # stopped or not, what did run joins the ledger
+        if ledger_path:
+            added = record.merge(ledger_path, _verdicts())
+            print(f"mutate: {added} verdicts added to {ledger_path}", file=sys.stderr)
+    vs = _verdicts()
     summary = outcome.summarize(vs, total, annotation)
     summary["pending"] = sum(session.count_pending(sh.db) for sh in parts)
     wall = time.monotonic() - started
@@ -314,6 +235,37 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
     if summary["unexplained_survivors"]:
         return 1
     return 3 if summary["pending"] else 0
+
+
+def _skip_recorded(
+    parts: list[shares.Share], origins: dict[str, str], ledger: dict, jobs: int
+) -> int:
+    """Mark the pending mutants the ledger names skipped in every share (`jobs` at a time:
+    each mutant's id takes a parse of its file)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(jobs, len(parts)), mp_context=ctx) as pool:
+        futures = [
+            pool.submit(record.skip_recorded, sh.db, sh.home, origins, ledger) for sh in parts
+        ]
+        return sum(f.result() for f in futures)
+
+
+def _merge_record(path: Path, other: Path) -> int:
+    if not other.is_file():
+        print(
+            f"cp-blocktables mutate: error: --merge-record: no ledger at {other}", file=sys.stderr
+        )
+        return 2
+    try:
+        changed = record.merge_files(path, other)
+    except record.RecordError as e:
+        print(f"cp-blocktables mutate: error: {e}", file=sys.stderr)
+        return 2
+    print(f"mutate: {changed} entries of {other} added to {path}")
+    return 0
 
 
 def _left(args: argparse.Namespace, started: float) -> float | None:

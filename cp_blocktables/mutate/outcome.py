@@ -44,7 +44,7 @@ from pathlib import Path
 
 from .probe import CONFIRM_KILL_MARKER, INCOMPETENT_MARKER
 from .reach import NOT_REACHED_MARKER
-from .session import ANNOTATION_SKIP, Mutant
+from .session import ANNOTATION_SKIP, Mutant, recorded_id
 
 _ID = re.compile(r"\bm-[0-9a-f]{10}\b")
 
@@ -62,6 +62,7 @@ class Verdict:
     diff: str
     by_confirm: bool = False  # killed only by the confirming run (the default sweep)
     not_reached: bool = False  # a survivor whose statement no harness run executes: not run
+    recorded: bool = False  # read from the ledger (`record`), not run now: no diff
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -117,11 +118,20 @@ def read_allowlist(path: Path | None) -> dict[str, str]:
 
 
 def verdicts(
-    mutants: list[Mutant], origins: dict[str, str], allowlist: dict[str, str]
+    mutants: list[Mutant],
+    origins: dict[str, str],
+    allowlist: dict[str, str],
+    ledger: dict | None = None,
 ) -> list[Verdict]:
-    """Executed mutants, classified. `origins` maps a copied file to its original's name."""
+    """Executed mutants, classified, and those skipped as recorded in `ledger` (id ->
+    `record.Entry`) with their recorded class. `origins` maps a copied file to its
+    original's name."""
     out = []
     for m in mutants:
+        known = recorded_id(m.output) if m.worker_outcome == "skipped" else None
+        if known is not None and ledger and known in ledger:
+            out.append(_recorded(m, known, ledger[known], origins, allowlist))
+            continue
         cls = classify(m)
         if cls is None or cls == "annotation":
             continue
@@ -141,6 +151,19 @@ def verdicts(
     return out
 
 
+def _recorded(
+    m: Mutant, mid: str, entry, origins: dict[str, str], allowlist: dict[str, str]
+) -> Verdict:
+    cls = entry.cls
+    if cls == "survived" and mid in allowlist:
+        cls = allowlist[mid]
+    module = origins.get(m.module_path, m.module_path)
+    return Verdict(
+        mid, module, m.line, m.operator, m.definition, cls, "", entry.by_confirm,
+        entry.not_reached, recorded=True,
+    )  # fmt: skip
+
+
 def summarize(vs: list[Verdict], total: int, annotation: int = 0) -> dict:
     """Counts and kill rates. Kill rate: (killed + timeout) over the competent mutants
     (run, or not reached: survivors); the second leaves out the argued survivors
@@ -155,6 +178,7 @@ def summarize(vs: list[Verdict], total: int, annotation: int = 0) -> dict:
         "annotation_skipped": annotation,
         "mutants_run": len(vs) - unreached,
         "not_reached": unreached,
+        "from_ledger": sum(v.recorded for v in vs),
         "killed": c["killed"],
         "killed_by_confirm": sum(v.by_confirm for v in vs),
         "timeout": c["timeout"],
@@ -193,9 +217,13 @@ def render(summary: dict, vs: list[Verdict], show_killed: bool = False) -> str:
         f"kill rate: {s['kill_rate']:.1%} "
         f"({s['kill_rate_excluding_equivalent']:.1%} excluding argued survivors)",
     ]
+    if s.get("from_ledger"):
+        lines.append(f"of these, {s['from_ledger']} read from the ledger, not run now")
     for v in sorted(vs, key=lambda v: (v.module, v.line, v.id)):
         if v.outcome in ("survived", "equivalent", "outside", "gpu") or show_killed:
             tag = _TAGS.get(v.outcome, v.outcome.upper())
             tag += ", not reached" if v.not_reached else ""
-            lines += ["", f"{v.id} {tag}: {v.module}:{v.line} {v.operator}", v.diff.rstrip()]
+            tag += ", from the ledger" if v.recorded else ""
+            diff = v.diff.rstrip() or "(no diff: delete its line from the ledger to run it again)"
+            lines += ["", f"{v.id} {tag}: {v.module}:{v.line} {v.operator}", diff]
     return "\n".join(lines)

@@ -137,6 +137,15 @@ def skip_annotations(session: Path, base: Path) -> int:
 
 
 ANNOTATION_SKIP = "skipped: inside an annotation that is never evaluated"
+RECORDED_MARKER = "skipped: recorded in the ledger as"
+"""Output of a mutant that `record.skip_recorded` marked skipped, followed by its id."""
+
+
+def recorded_id(output: str) -> str | None:
+    """The id in the output of a mutant skipped as recorded in the ledger, else None."""
+    if not output.startswith(RECORDED_MARKER):
+        return None
+    return output[len(RECORDED_MARKER) :].strip() or None
 
 
 def annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:

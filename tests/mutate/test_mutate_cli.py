@@ -16,7 +16,8 @@ from harness_proc import run_cli  # noqa: E402
 pytest.importorskip("cosmic_ray")
 
 from cp_blocktables.mutate import command, reach, session, shares  # noqa: E402
-from cp_blocktables.mutate.command import add_mutate_arguments, run_mutate  # noqa: E402
+from cp_blocktables.mutate.cli_args import add_mutate_arguments  # noqa: E402
+from cp_blocktables.mutate.command import run_mutate  # noqa: E402
 
 # kernels.gather with groups-0 alone (no KV-cache group): its kernel's body never runs.
 GATHER = ["--modules", "kernels.gather", "--preset", "groups-0", "--no-confirm"]

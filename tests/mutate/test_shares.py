@@ -17,8 +17,9 @@ from harness_proc import child_env, leftover_processes, run_cli  # noqa: E402
 
 pytest.importorskip("cosmic_ray")
 
-from cp_blocktables.mutate import session, shares  # noqa: E402
-from cp_blocktables.mutate.command import add_mutate_arguments, run_mutate  # noqa: E402
+from cp_blocktables.mutate import record, session, shares  # noqa: E402
+from cp_blocktables.mutate.cli_args import add_mutate_arguments  # noqa: E402
+from cp_blocktables.mutate.command import run_mutate  # noqa: E402
 from cp_blocktables.mutate.scratch import ScratchPackage  # noqa: E402
 
 # kernels.layout is small (110 mutants), groups-0 the cheapest preset: seconds a mutant.
@@ -67,12 +68,22 @@ def test_a_time_limit_leaves_the_rest_pending_and_a_resume_runs_it(tmp_path):
     assert data["pending"] == 2 and data["mutants_run"] == 0
     time.sleep(0.5)
     assert leftover_processes(env["CP_BLOCKTABLES_TEST_MARKER"]) == []
+    ledger = tmp_path / "record.tsv"
     resumed = ["mutate", "--resume", *SMALL, "--jobs", "2", "--work-dir", str(work)]
-    proc = run_cli([*resumed, "--report", str(report)], timeout=600)
+    proc = run_cli([*resumed, "--report", str(report), "--record", str(ledger)], timeout=600)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr  # 1: a layout survivor
     data = json.loads(report.read_text())
     assert data["pending"] == 0 and data["mutants_run"] + data["not_reached"] == 2
     assert all(v["module"] == "cp_blocktables/kernels/layout.py" for v in data["verdicts"])
+    ran = {v["id"]: v["outcome"] for v in data["verdicts"]}
+    assert set(record.read(ledger)) == set(ran)
+    # A new run of the same sample elsewhere, with the ledger: nothing runs, same verdicts.
+    again = ["mutate", *SMALL, "--sample", "2", "--work-dir", str(tmp_path / "again")]
+    proc = run_cli([*again, "--record", str(ledger), "--report", str(report)], timeout=600)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert "2 mutants recorded in" in proc.stdout and "; 0 to run" in proc.stdout
+    data = json.loads(report.read_text())
+    assert data["from_ledger"] == 2 and {v["id"]: v["outcome"] for v in data["verdicts"]} == ran
 
 
 def _wait_for(condition, seconds: float = 120) -> None:
