@@ -205,20 +205,17 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
     allow_path = Path(args.allowlist) if args.allowlist else root / "docs" / "mutation-survivors.md"
     allowlist = outcome.read_allowlist(allow_path)
 
-    def _verdicts() -> list[outcome.Verdict]:
-        return [
+    try:
+        finished = shares.execute(parts, env, args.jobs, args.progress, _left(args, started))
+    finally:  # stopped or not, what did run joins the ledger
+        vs = [
             v
             for sh in parts
             for v in outcome.verdicts(session.read_mutants(sh.db), origins, allowlist, ledger)
         ]
-
-    try:
-        finished = shares.execute(parts, env, args.jobs, args.progress, _left(args, started))
-    finally:  # stopped or not, what did run joins the ledger
         if ledger_path:
-            added = record.merge(ledger_path, _verdicts())
+            added = record.merge(ledger_path, vs)
             print(f"mutate: {added} verdicts added to {ledger_path}", file=sys.stderr)
-    vs = _verdicts()
     summary = outcome.summarize(vs, total, annotation)
     summary["pending"] = sum(session.count_pending(sh.db) for sh in parts)
     wall = time.monotonic() - started

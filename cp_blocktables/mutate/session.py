@@ -16,6 +16,7 @@ import os
 import random
 import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -194,30 +195,37 @@ def count_annotation_skips(session: Path) -> int:
 
 
 def read_mutants(session: Path) -> list[Mutant]:
-    """Every work item of the session with its result (if any), in a stable order."""
-    from cosmic_ray.work_db import WorkDB, use_db
+    """Every work item of the session with its result (if any), in the stable order.
 
-    out = []
-    with use_db(str(session), WorkDB.Mode.open) as db:
-        done = list(db.completed_work_items)
-        pending = [(item, None) for item in db.pending_work_items]
-    for item, result in sorted(done + pending, key=lambda x: stable_key(x[0])):
-        m = item.mutations[0]
-        out.append(
-            Mutant(
-                job_id=item.job_id,
-                module_path=str(m.module_path),
-                operator=m.operator_name,
-                occurrence=m.occurrence,
-                line=m.start_pos[0],
-                definition=m.definition_name,
-                worker_outcome=result.worker_outcome.value if result else None,
-                test_outcome=result.test_outcome.value if result and result.test_outcome else None,
-                output=(result.output or "") if result else "",
-                diff=(result.diff or "") if result else "",
-            )
+    One SQL query over the session file, read-only: Cosmic Ray's own reader
+    loads each item's mutation with a query of its own, seconds for a share
+    of a full run's 5,988 items, and minutes for 64 shares.
+    """
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome
+
+    query = (
+        "SELECT m.job_id, m.module_path, m.operator_name, m.occurrence, m.start_pos_row, "
+        "m.definition_name, r.worker_outcome, r.test_outcome, r.output, r.diff "
+        "FROM mutation_specs AS m LEFT JOIN work_results AS r ON r.job_id = m.job_id "
+        "ORDER BY m.module_path, m.operator_name, m.occurrence"
+    )
+    with contextlib.closing(sqlite3.connect(f"file:{session}?mode=ro", uri=True)) as con:
+        rows = con.execute(query).fetchall()
+    return [
+        Mutant(
+            job_id=job,
+            module_path=path,
+            operator=op,
+            occurrence=occ,
+            line=row,
+            definition=definition,
+            worker_outcome=WorkerOutcome[worker].value if worker else None,
+            test_outcome=TestOutcome[test].value if test else None,
+            output=output or "",
+            diff=diff or "",
         )
-    return out
+        for job, path, op, occ, row, definition, worker, test, output, diff in rows
+    ]
 
 
 def run_test_command(command: list[str], env: dict[str, str], timeout: float) -> tuple[int, str]:
