@@ -4,7 +4,10 @@ Nothing here runs docker: the files are parsed, so a renamed build argument, a m
 folder or a dropped target fails in the ordinary suite instead of in the slow container leg.
 """
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,3 +149,38 @@ def test_ci_script_uses_the_distribution_client_and_the_marker(pytestconfig):
 
 def test_ci_runs_the_docker_leg():
     assert "make docker-ci" in (ROOT / ".ci/run").read_text()
+
+
+def _collected(env_value: str | None, *paths: str) -> set[str]:
+    env = {k: v for k, v in os.environ.items() if k != "CPBT_CONTAINER_TESTS"}
+    if env_value is not None:
+        env["CPBT_CONTAINER_TESTS"] = env_value
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--collect-only", *paths],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {line for line in proc.stdout.splitlines() if "::" in line}
+
+
+def test_the_host_leaves_exactly_the_container_legs_tests_to_it():
+    """With .ci/run's list, the host collects everything but the multi-rank tests of the
+    listed paths, which are exactly what the container leg selects (`-m multirank`)."""
+    script = (ROOT / ".ci/run").read_text()
+    listed = re.search(r'^CONTAINER_TESTS="([^"]*)"', script, flags=re.M)
+    assert listed and '"-m multirank $CONTAINER_TESTS"' in script
+    assert 'CPBT_CONTAINER_TESTS="$CONTAINER_TESTS" make test' in script
+    paths = listed.group(1).replace("\\\n", " ").split()
+    assert len(paths) == 5 and all((ROOT / p).exists() for p in paths)
+    mixed = ["tests/harness/test_harness_torchrun.py", "tests/drills/test_drills_faults.py"]
+    everything = _collected(None, *mixed, "tests/harness/test_soak.py")
+    on_host = _collected(" ".join(paths), *mixed, "tests/harness/test_soak.py")
+    in_container = _collected(None, "-m", "multirank", *mixed)
+    assert in_container and on_host == everything - in_container
+    assert any("test_drills_faults.py" in t for t in on_host)  # its single-rank tests stay
+    soak = {t for t in everything if "test_soak.py" in t}
+    assert soak and soak <= on_host  # multi-rank tests of an unlisted file stay on the host
