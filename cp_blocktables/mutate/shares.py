@@ -146,6 +146,8 @@ def execute(
                 sh = todo.pop(0)
                 running.append((sh, _start_exec(sh, env)))
             time.sleep(0.5)
+            if _stop_signal:  # caught where raising was lost (a weakref callback, say)
+                raise KeyboardInterrupt(f"signal {_stop_signal[0]}")
             for sh, proc in list(running):
                 if proc.poll() is None:
                     continue
@@ -165,14 +167,25 @@ def execute(
         _stop(running, [sh for sh, _ in running])
 
 
+_stop_signal: list[int] = []
+"""The signal `sigterm_unwinds` caught, if any: `execute` raises again on its next poll."""
+
+
 @contextlib.contextmanager
 def sigterm_unwinds() -> Iterator[None]:
     """Inside, SIGTERM raises `KeyboardInterrupt` as Ctrl-C does, so that `finally`
     blocks still stop every process the run started (by default SIGTERM ends
-    Python at once, its children left running)."""
+    Python at once, its children left running).
+
+    The signal is also remembered: a handler's exception raised inside a weakref
+    callback or a `__del__` is printed and dropped by Python, and `execute`, which
+    polls every half second, raises it again."""
 
     def _unwind(signum: int, frame: object) -> None:
+        _stop_signal.append(signum)
         raise KeyboardInterrupt(f"signal {signum}")
+
+    _stop_signal.clear()
 
     try:
         previous = signal.signal(signal.SIGTERM, _unwind)

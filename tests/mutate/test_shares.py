@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+import types
+import weakref
 from pathlib import Path
 
 import pytest
@@ -178,3 +182,29 @@ def test_pending_is_counted_without_loading_the_session(tmp_path):
     proc = run_cli(["mutate", "--dry-run", *SMALL, "--sample", "5", "--work-dir", str(tmp_path)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert session.count_pending(tmp_path / "session.sqlite") == 5
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_sigterm_dropped_inside_a_weakref_callback_still_stops_the_run(tmp_path, monkeypatch):
+    """Python prints and drops an exception raised in a weakref callback; a SIGTERM whose
+    handler ran there must still stop the run, and the fake `exec` it started."""
+    started: list[subprocess.Popen] = []
+
+    def fake_exec(sh, env):
+        started.append(subprocess.Popen(["sleep", "60"], start_new_session=True))
+        return started[-1]
+
+    monkeypatch.setattr(shares, "_start_exec", fake_exec)
+    monkeypatch.setattr(session, "count_pending", lambda db: 1)
+    share = shares.Share(0, tmp_path, types.SimpleNamespace(root=tmp_path / "no-copy"))
+
+    class Thing:
+        pass
+
+    with pytest.raises(KeyboardInterrupt), shares.sigterm_unwinds():
+        thing = Thing()
+        ref = weakref.ref(thing, lambda _: os.kill(os.getpid(), signal.SIGTERM))
+        del thing  # the callback runs, the handler raises inside it, Python drops that
+        assert ref() is None and shares._stop_signal == [signal.SIGTERM]
+        shares.execute([share], {}, 1, False, None)
+    assert started and started[0].poll() is not None  # killed on the way out
