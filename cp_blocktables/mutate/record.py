@@ -21,6 +21,9 @@ Invariants:
   so it names the same mutant after edits elsewhere in the file. An entry
   whose mutant no longer exists (its code changed) is kept and counts
   nowhere: the changed code's mutants have new ids and run again.
+* Two mutants that make the same change to two identical lines of one
+  definition share an id, and so an entry: the first verdict recorded
+  stands for both (one pair among the first 1,070 recorded).
 * A later verdict for an id replaces the earlier one (`merge`).
 * To run a recorded mutant again (the harness changed), delete its line.
 """
