@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .session import run_whole
+from .session import mutate_spec, run_whole
 
 if TYPE_CHECKING:
     from cosmic_ray.work_item import WorkItem, WorkResult
@@ -207,8 +207,6 @@ def unreached(item: WorkItem, home: Path, ran: dict[str, Ran]) -> WorkResult | N
     """The survivor's `WorkResult` of a work item whose statement never ran, else None
     (reached, not a single mutation, a file coverage did not see, or a mutant that does
     not compile)."""
-    from cosmic_ray.mutating import _make_diff, mutate_code
-    from cosmic_ray.plugins import get_operator
     from cosmic_ray.util import read_python_source
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome, WorkResult
 
@@ -222,9 +220,8 @@ def unreached(item: WorkItem, home: Path, ran: dict[str, Ran]) -> WorkResult | N
     text = read_python_source(home / path)
     if text != ran[path].text:
         raise ReachError(f"{home / path} differs from the copy coverage measured")
-    operator = get_operator(m.operator_name)(**(m.operator_args or {}))
-    mutated = mutate_code(text, operator, m.occurrence)
-    if mutated is None or not _compiles(mutated, path):
+    made = mutate_spec(text, m)
+    if made is None or not _compiles(made[0], path):
         return None
     line = ran[path].parser.first_line(row)
     return WorkResult(
@@ -232,7 +229,7 @@ def unreached(item: WorkItem, home: Path, ran: dict[str, Ran]) -> WorkResult | N
         test_outcome=TestOutcome.SURVIVED,
         output=f"{NOT_REACHED_MARKER}: the statement at line {line} of {path} (row {row} "
         "mutated) never runs in the unmutated test command, so the mutant was not run",
-        diff="\n".join(_make_diff(text, mutated, m.module_path)),
+        diff=made[1],
     )
 
 

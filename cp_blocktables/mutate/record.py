@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .outcome import Verdict, mutant_id
-from .session import RECORDED_MARKER
+from .session import RECORDED_MARKER, mutate_spec
 
 CLASSES = ("killed", "timeout", "incompetent", "survived")
 FLAGS = ("confirm", "not-reached")
@@ -161,8 +161,6 @@ def skip_recorded(db: Path, home: Path, origins: dict[str, str], ledger: dict[st
 
 def _pending_id(item, home: Path, origins: dict[str, str], texts: dict[str, str]) -> str | None:
     """The id the mutant of a pending work item will have once run (None: no mutation)."""
-    from cosmic_ray.mutating import _make_diff, mutate_code
-    from cosmic_ray.plugins import get_operator
     from cosmic_ray.util import read_python_source
 
     if len(item.mutations) != 1:
@@ -171,9 +169,7 @@ def _pending_id(item, home: Path, origins: dict[str, str], texts: dict[str, str]
     path = str(m.module_path)
     if path not in texts:
         texts[path] = read_python_source(home / path)
-    operator = get_operator(m.operator_name)(**(m.operator_args or {}))
-    mutated = mutate_code(texts[path], operator, m.occurrence)
-    if mutated is None:
+    made = mutate_spec(texts[path], m)
+    if made is None:
         return None
-    diff = "\n".join(_make_diff(texts[path], mutated, m.module_path))
-    return mutant_id(origins.get(path, path), m.operator_name, m.definition_name, diff)
+    return mutant_id(origins.get(path, path), m.operator_name, m.definition_name, made[1])

@@ -194,6 +194,20 @@ def count_annotation_skips(session: Path) -> int:
         return sum(1 for _, r in db.results if r.output == ANNOTATION_SKIP)
 
 
+def mutate_spec(text: str, spec) -> tuple[str, str] | None:
+    """(mutated source, diff) of one Cosmic Ray mutation of `text`, made as `exec` makes
+    them (its own `mutate_code` and `_make_diff`), so an id hashed from this diff is the
+    id the run gives the mutant; None when the operator finds nothing to mutate."""
+    from cosmic_ray.mutating import _make_diff, mutate_code
+    from cosmic_ray.plugins import get_operator
+
+    operator = get_operator(spec.operator_name)(**(spec.operator_args or {}))
+    mutated = mutate_code(text, operator, spec.occurrence)
+    if mutated is None:
+        return None
+    return mutated, "\n".join(_make_diff(text, mutated, spec.module_path))
+
+
 def read_mutants(session: Path) -> list[Mutant]:
     """Every work item of the session with its result (if any), in the stable order.
 
