@@ -27,6 +27,7 @@ INTEGRITY = 10
 ENV_VAR = "CPBT_INTEGRITY_CHECKS"  # SPEC.md 8.3: also turns the checks on
 _SHARED_ID = 4099  # allocator block id both probe rows hold: far from the null block 0
 _FRESH_ID = 4111
+_LOWER_ID = 2053  # row 2's blocks in the probe whose smallest live slot is unshared
 _CUT_ROWS = 8  # clean rows gathered before a faulty one: as many as a message may list
 
 
@@ -133,7 +134,8 @@ def probe_integrity(
     `[0, P)` (an allocator that hands one block to two requests); the message
     must name one of the shared slots, and the environment variable alone must
     turn the checks on too. Rows 0 and 1 holding block 1 share its first slot,
-    the first past the null block's. A stale count, both ways: a row grown by
+    the first past the null block's. Rows 0 and 1 sharing slots above row 2's
+    unshared ones must be named too. A stale count, both ways: a row grown by
     an append, and a row cut short by an overwrite with fewer blocks, after the
     last apply, then a gather of that row. `fused`:
     the implementation has `gather_and_compute_slot_mappings` (section 8.2),
@@ -156,6 +158,14 @@ def probe_integrity(
         # Block 1's first slot is the first past the null block's: a bound to get right.
         ways = [("compute_slot_mappings", kwargs, "")]
         found += _shared_slot(factory, args, ref, cp_rank, [[1]] * n, 1, ways, " at block 1")
+    if shared is not None and ref.rules.max_num_reqs >= 3 and args[2] >= 3:
+        ids, span = shared
+        lower = [[_LOWER_ID + j for j in range(len(g))] for g in ids]
+        ways = [("compute_slot_mappings", kwargs, "")]
+        where = " above row 2's own, the smallest"
+        found += _shared_slot(
+            factory, args, ref, cp_rank, ids, min(span, args[2] // 3), ways, where, lower
+        )
     stale = {"grown by an append": False, "cut short by an overwrite": True}
     two_fit = all(w >= 2 * m for w, m in zip(ref.rules.width, ref.rules.m))
     row = ref.rules.max_num_reqs - 1  # gathered into batch row 0: the message names one of them
@@ -257,14 +267,22 @@ def _shared_slot(
     span: int,
     ways: list,
     where: str,
+    lower: list | None = None,
 ) -> list[Violation]:
     """Rows 0 and 1 hold the blocks `ids` and both map positions `[0, span)`; each way
-    `(method, kwargs, note)` must raise naming one of the slots they share (if any)."""
-    for r in (0, 1):
-        ref.append_block_ids(r, ids, True)  # overwrites: the rows hold `ids` alone
-    positions = list(range(span)) * 2
-    qsl = [0, span, 2 * span]
-    expected = ref.slot_mappings(np.array([0, 1]), np.array(qsl), np.array(positions), 2 * span)
+    `(method, kwargs, note)` must raise naming one of the slots they share (if any).
+
+    `lower`: row 2 holds these blocks, below `ids`, and maps the same positions
+    too, so each group's smallest live slot is one no other token holds. An
+    explanation that compares every slot with the smallest only names nothing.
+    """
+    held = [ids, ids] if lower is None else [ids, ids, lower]
+    for r, row_ids in enumerate(held):
+        ref.append_block_ids(r, row_ids, True)  # overwrites: the row holds `row_ids` alone
+    k = len(held)
+    positions = list(range(span)) * k
+    qsl = [span * r for r in range(k + 1)]
+    expected = ref.slot_mappings(np.arange(k), np.array(qsl), np.array(positions), k * span)
     shared_slots = tuple(str(x) for row in expected for x in _repeats(row))
     if not shared_slots:
         return []
@@ -272,11 +290,11 @@ def _shared_slot(
     for how, kw, note in ways:
 
         def setup(how=how, kw=kw, env=bool(note)):
-            impl = _filled(factory, args, kw, ids, rows=(0, 1), env=env)
-            idx, q, pos = _i32([0, 1], device), _i32(qsl, device), _i64(positions, device)
+            impl = _filled(factory, args, kw, ids, rows=(0, 1), env=env, row_2=lower)
+            idx, q, pos = _i32(list(range(k)), device), _i32(qsl, device), _i64(positions, device)
             if how == "compute_slot_mappings":
-                return lambda: impl.compute_slot_mappings(idx, q, pos, 2 * span)
-            return lambda: impl.gather_and_compute_slot_mappings(idx, 2, q, pos, 2 * span)
+                return lambda: impl.compute_slot_mappings(idx, q, pos, k * span)
+            return lambda: impl.gather_and_compute_slot_mappings(idx, k, q, pos, k * span)
 
         what = f"{how} with rows 0 and 1 holding the same blocks (a shared slot{where}){note}"
         found += _expect_error(what, setup, cp_rank, shared_slots)
@@ -353,10 +371,17 @@ def _repeats(row: np.ndarray) -> list[int]:
 
 
 def _filled(
-    factory: Callable, args: list, kwargs: dict, ids: list, rows: tuple, env: bool = False
+    factory: Callable,
+    args: list,
+    kwargs: dict,
+    ids: list,
+    rows: tuple,
+    env: bool = False,
+    row_2: list | None = None,
 ) -> object:
-    """An instance whose `rows` hold `ids`, applied; `env`: built under `CPBT_INTEGRITY_CHECKS=1`
-    (SPEC.md 8.3 reads it at construction), restored afterwards."""
+    """An instance whose `rows` hold `ids` (and row 2 `row_2`, when given), applied; `env`:
+    built under `CPBT_INTEGRITY_CHECKS=1` (SPEC.md 8.3 reads it at construction), restored
+    afterwards."""
     old = os.environ.get(ENV_VAR)
     if env:
         os.environ[ENV_VAR] = "1"
@@ -369,5 +394,7 @@ def _filled(
             os.environ[ENV_VAR] = old
     for r in rows:
         impl.append_block_ids(r, tuple(ids), True)
+    if row_2 is not None:
+        impl.append_block_ids(2, tuple(row_2), True)
     impl.apply_staged_writes()
     return impl

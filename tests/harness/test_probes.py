@@ -16,6 +16,7 @@ from tests.wrong_impls.catalogue_contract import (
     KernelBlocksNotChecked,
     OursIntegrityNamesCutRows,
     OursIntegrityNamesMatchingGroups,
+    OursIntegrityNamesSlotsBelowNone,
     OursIntegrityNeverOn,
     OursIntegrityNullBlockOneSlotLong,
     OursIntegrityTrustsDeviceCounts,
@@ -119,6 +120,16 @@ def test_a_slot_shared_at_block_1_must_be_reported(preset):
     found = _findings(OursIntegrityNullBlockOneSlotLong, preset, ranks=[0])
     assert [(v.check, v.actual) for v in found] == [(10, "no error")], [v.describe() for v in found]
     assert "a shared slot at block 1" in found[0].what
+
+
+@pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])
+def test_a_slot_shared_above_an_unshared_one_must_be_named(preset):
+    """Rows 0 and 1 share slots above row 2's own: an explanation that compares every slot
+    with the group's smallest finds no pair, so the error it raises names no shared slot."""
+    found = _findings(OursIntegrityNamesSlotsBelowNone, preset, ranks=[0])
+    assert [v.check for v in found] == [10], [v.describe() for v in found]
+    assert "above row 2's own, the smallest" in found[0].what
+    assert found[0].actual == "RuntimeError: compute_slot_mappings: "
 
 
 class _WrongType(StandInBlockTables):

@@ -17,6 +17,7 @@ from .catalogue_contract import (
     KernelBlocksNotChecked,
     OursIntegrityNamesCutRows,
     OursIntegrityNamesMatchingGroups,
+    OursIntegrityNamesSlotsBelowNone,
     OursIntegrityNeverOn,
     OursIntegrityNullBlockOneSlotLong,
     OursIntegrityTrustsDeviceCounts,
@@ -141,5 +142,6 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_integrity_names_matching_groups": _entry(OursIntegrityNamesMatchingGroups, 10),
     "ours_integrity_names_cut_rows": _entry(OursIntegrityNamesCutRows, 10),
     "ours_integrity_null_block_one_slot_long": _entry(OursIntegrityNullBlockOneSlotLong, 10),
+    "ours_integrity_names_slots_below_none": _entry(OursIntegrityNamesSlotsBelowNone, 10),
 }
 """name -> (`--impl` spec, the check that must report it)."""

@@ -121,3 +121,21 @@ class OursIntegrityNullBlockOneSlotLong(BlockTables):
         integrity.check_slot_mappings(
             buf, query_start_loc, idx_mapping, positions, floors, num_tokens_padded
         )
+
+
+class OursIntegrityNamesSlotsBelowNone(BlockTables):
+    """The slot check's explanation compares each group's live slots with the smallest one
+    only: a slot shared above an unshared one is counted, and the error names no slot."""
+
+    def _check_slots(self, buf, query_start_loc, idx_mapping, positions, num_tokens_padded):
+        floors = self._null_slot_floors
+        view = buf[:, :num_tokens_padded]
+        if not int(integrity.count_slot_mapping_faults(view, query_start_loc, floors)):
+            return
+        num_tokens = int(query_start_loc[-1])
+        named = []
+        for g, row in enumerate(view[:, :num_tokens].cpu()):
+            live = row[row >= int(floors[g])].sort().values
+            shared = live[1:][live[1:] == live[:1]]
+            named += [f"group {g}: slot {int(x)} is shared" for x in shared[:8]]
+        raise integrity.IntegrityError("compute_slot_mappings: " + "; ".join(named))
