@@ -498,18 +498,21 @@ def test_slot_mappings_refuse_an_out_with_overlapping_rows(torch_device):
     assert int((out != 9).sum()) == 0
 
 
-@pytest.mark.parametrize("case", ["int32", "one-row-for-two-groups", "column-stride-2"])
+@pytest.mark.parametrize(
+    "case", ["int32", "one-row-for-two-groups", "column-stride-2", "1-d-of-two-entries"]
+)
 def test_slot_mappings_refuse_an_out_of_the_wrong_dtype_shape_or_stride(torch_device, case):
     """A slot-mapping `out` wrong in one property alone, rows disjoint: int32, one row for
-    two groups, or every other column of a wider buffer (docs/contract-notes.md: int64
-    `[num_groups, n]`, unit column stride). Refused, and nothing is written, not even into
-    the buffer it was cut from."""
+    two groups, every other column of a wider buffer, or 1-D with one entry per group
+    (docs/contract-notes.md: int64 `[num_groups, n]`, unit column stride). Refused, and
+    nothing is written, not even into the buffer it was cut from."""
     bt = _bt_with_rows(torch_device)
     base = torch.full((2, 128), 9, dtype=torch.int64, device=torch_device)
     wrong = {
         "int32": base[:, :64].to(torch.int32),
         "one-row-for-two-groups": base[:1, :64],
         "column-stride-2": base[:, ::2],
+        "1-d-of-two-entries": base[0, :2],
     }[case]
     d = torch_device
     with pytest.raises(ValueError, match=r"out must be an int64 \[2, n\] tensor with unit column"):
