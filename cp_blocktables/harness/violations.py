@@ -17,7 +17,7 @@ CHECKS = {
     6: "gathered block tables: copied rows, zero dummy/padding/stale rows, window masking",
     7: "configs, workload and block tables agree across ranks",
     8: "an append past a row's capacity raises RuntimeError and changes nothing",
-    9: "construction refuses an invalid config with ValueError naming the argument",
+    9: "construction refuses an invalid config naming the argument; builds valid huge blocks",
     10: "integrity checks (SPEC.md 8.3) raise RuntimeError: shared slot, stale count, wrong row",
     11: "after a sleep or a reallocation, the rebuild leaves nothing stale; reads as before (8.4)",
 }

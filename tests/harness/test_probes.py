@@ -20,6 +20,7 @@ from tests.wrong_impls.catalogue_contract import (
     OursIntegrityNeverOn,
     OursIntegrityNullBlockOneSlotLong,
     OursIntegrityTrustsDeviceCounts,
+    OursOffsetBitsPerBlock,
     RankWrapped,
 )
 from tests.wrong_impls.stand_in import StandInBlockTables
@@ -27,6 +28,7 @@ from tests.wrong_impls.stand_in import StandInBlockTables
 RIGHT = {"ours": BlockTables, "pure-python": PurePython, "stand-in": StandInBlockTables}
 PRESETS = [
     "mutation",
+    "cp3-no-power-of-two",  # huge blocks scaled from 12, 6 and 24 with kernel blocks of 6
     "mutation-cp1",
     "mutation-odd",
     "groups-0",
@@ -46,6 +48,7 @@ def _findings(factory, preset_name: str, ranks=None) -> list:
         args = [cfg.block_sizes, cfg.max_num_reqs, cfg.max_num_batched_tokens,
                 cfg.max_num_blocks_per_group, torch.device("cpu")]  # fmt: skip
         found += probes.probe_construction(factory, args, kwargs, accepts, rank)
+        found += probes.probe_huge_blocks(factory, args, kwargs, rank)
         if kwargs.get("integrity_checks"):
             fused = hasattr(factory, "gather_and_compute_slot_mappings")
             found += integrity_probes.probe_integrity(factory, args, kwargs, rank, fused)
@@ -130,6 +133,16 @@ def test_a_slot_shared_above_an_unshared_one_must_be_named(preset):
     assert [v.check for v in found] == [10], [v.describe() for v in found]
     assert "above row 2's own, the smallest" in found[0].what
     assert found[0].actual == "RuntimeError: compute_slot_mappings: "
+
+
+@pytest.mark.parametrize("preset", ["mutation", "cp3-no-power-of-two"])
+def test_a_construction_that_grows_with_the_block_size_is_check_9(preset):
+    """Blocks scaled past 2**43 keep every divisibility rule of the preset (interleave 3 and
+    kernel block 6 in `cp3-no-power-of-two`): a right implementation builds them, one that
+    keeps a bit per offset runs out of memory."""
+    found = _findings(OursOffsetBitsPerBlock, preset, ranks=[0])
+    assert [(v.check, v.expected) for v in found] == [(9, "it builds")], found
+    assert found[0].actual.startswith("MemoryError") and "legal" in found[0].what
 
 
 class _WrongType(StandInBlockTables):

@@ -21,6 +21,7 @@ from .catalogue_contract import (
     OursIntegrityNeverOn,
     OursIntegrityNullBlockOneSlotLong,
     OursIntegrityTrustsDeviceCounts,
+    OursOffsetBitsPerBlock,
     RankWrapped,
 )
 from .catalogue_ours import (
@@ -143,5 +144,6 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_integrity_names_cut_rows": _entry(OursIntegrityNamesCutRows, 10),
     "ours_integrity_null_block_one_slot_long": _entry(OursIntegrityNullBlockOneSlotLong, 10),
     "ours_integrity_names_slots_below_none": _entry(OursIntegrityNamesSlotsBelowNone, 10),
+    "ours_offset_bits_per_block": _entry(OursOffsetBitsPerBlock, 9),
 }
 """name -> (`--impl` spec, the check that must report it)."""

@@ -48,6 +48,15 @@ class KernelBlocksNotChecked(StandInBlockTables):
         super().__init__(block_sizes, *args, kernel_block_sizes=kernel_block_sizes, **kwargs)
 
 
+class OursOffsetBitsPerBlock(BlockTables):
+    """Keeps a bitset of each kernel block's offsets, one bit an offset, from construction:
+    right at every block size an engine uses, a `MemoryError` at legal huge blocks."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._offset_bits = [bytearray(-(-k // 8)) for k in self.kernel_block_sizes]
+
+
 class OursIntegrityNeverOn(BlockTables):
     """Takes `integrity_checks` and ignores it: the checks of SPEC.md 8.3 never run."""
 
