@@ -10,6 +10,10 @@
 #
 # Environment: IMAGE (tag to build), DOCKER_PYTEST_ARGS (pytest arguments in the container;
 # unset means `-m multirank`, or the whole suite when nothing is marked), RUN_TIMEOUT (s).
+# HOST_DONE (a path) and HOST_PID: the leg builds at once but runs its tests only once that
+# file exists. .ci/run starts the leg beside the host's suite, whose CPU the setup (apt,
+# debootstrap, pip) barely competes for, and creates the file when the host's jobs are done.
+# The wait fails if process HOST_PID is gone or WAIT_TIMEOUT (s) passes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +28,7 @@ ROOTFS_PACKAGES=python3,python3-venv,make,ca-certificates
 BASE_REPO=cp-blocktables-ci-base
 IMAGE=${IMAGE:-cp-blocktables:ci}
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
+WAIT_TIMEOUT=${WAIT_TIMEOUT:-3600}
 CONTAINER_CERTS=/etc/ssl/certs/ca-certificates.crt
 HOST_CA_DIR=/usr/local/share/ca-certificates
 STATE_DIR=/var/run/cp-blocktables-ci
@@ -228,6 +233,23 @@ run_tests() {
     return "$rc"
 }
 
+wait_for_host() {
+    local waited=0
+    log "waiting for the host's jobs to finish ($HOST_DONE)"
+    until [[ -e $HOST_DONE ]]; do
+        if [[ -n ${HOST_PID:-} ]] && ! kill -0 "$HOST_PID" 2>/dev/null; then
+            log "the host's CI run (pid $HOST_PID) is gone; not running the tests"
+            return 1
+        fi
+        if ((waited >= WAIT_TIMEOUT)); then
+            log "the host's jobs did not finish within WAIT_TIMEOUT=$WAIT_TIMEOUT s"
+            return 1
+        fi
+        sleep 2
+        waited=$((waited + 2))
+    done
+}
+
 main() {
     trap cleanup EXIT
     trap 'exit 130' INT TERM
@@ -239,6 +261,7 @@ main() {
     phase base-image build_base_image "$base"
     phase stage-wheel stage_torch_wheel
     phase build-image build_image "$base"
+    [[ -z ${HOST_DONE:-} ]] || phase wait-for-host wait_for_host
     phase run-tests run_tests
     log "docker leg took $((SECONDS - total)) s"
 }

@@ -151,6 +151,48 @@ def test_ci_runs_the_docker_leg():
     assert "make docker-ci" in (ROOT / ".ci/run").read_text()
 
 
+def test_ci_builds_the_image_beside_the_host_jobs_and_tests_in_it_after_them():
+    script = (ROOT / ".ci/run").read_text()
+    lines = script.splitlines()
+    start = next(i for i, line in enumerate(lines) if "setsid make docker-ci" in line)
+    soak = next(i for i, line in enumerate(lines) if line.startswith('phase "make soak"'))
+    result = next(
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("phase") and "docker_leg_result" in line
+    )
+    assert "HOST_DONE=" in lines[start] and "HOST_PID=$$" in lines[start]
+    assert start < soak < result
+    assert "trap stop_docker_leg EXIT" in script
+
+
+def _wait_for_host(tmp_path, env: dict) -> subprocess.CompletedProcess:
+    """docker/ci-local-base.sh's `wait_for_host`, run alone."""
+    script = (ROOT / "docker/ci-local-base.sh").read_text()
+    body = re.search(r"^wait_for_host\(\) \{.*?^\}", script, flags=re.M | re.S)
+    assert body
+    program = 'log() { echo "docker-ci: $*"; }\n' + body.group(0) + "\nwait_for_host\n"
+    return subprocess.run(
+        ["bash", "-c", program],
+        env={**os.environ, "WAIT_TIMEOUT": "4", "HOST_DONE": str(tmp_path / "done"), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_container_leg_waits_for_the_host_and_ends_if_it_is_gone(tmp_path):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    gone = _wait_for_host(tmp_path, {"HOST_PID": str(dead.pid)})
+    assert gone.returncode == 1 and f"(pid {dead.pid}) is gone" in gone.stdout
+    late = _wait_for_host(tmp_path, {"HOST_PID": str(os.getpid())})
+    assert late.returncode == 1 and "WAIT_TIMEOUT=4" in late.stdout
+    (tmp_path / "done").touch()
+    ready = _wait_for_host(tmp_path, {"HOST_PID": str(os.getpid())})
+    assert ready.returncode == 0, ready.stdout + ready.stderr
+
+
 def _collected(env_value: str | None, *paths: str) -> set[str]:
     env = {k: v for k, v in os.environ.items() if k != "CPBT_CONTAINER_TESTS"}
     if env_value is not None:
