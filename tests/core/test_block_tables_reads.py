@@ -214,6 +214,34 @@ def test_gather_into_caller_tables_with_ptrs(pair):
         assert torch.equal(b, t)
 
 
+def test_dummy_and_padding_rows_load_nothing_from_before_the_table(pair):
+    """A dummy or padding row has no source row (its `r` is -1), and its entries are
+    zeroed, never loaded: the load mask excludes such rows, so row -1, the memory before
+    the table, is never read. Each table is reallocated (SPEC.md 3) as the rows after one
+    of garbage: a load of row -1 would copy that garbage into the rows that must be zero,
+    in the gather and in the fused read."""
+    p = pair(**small(block_sizes=[4, 8], max_num_blocks_per_group=[4, 2]))
+    for table in p.bt.block_tables:
+        rows, width = table.gpu.shape
+        tall = torch.full((rows + 1, width), 77, dtype=table.gpu.dtype, device=p.device)
+        table.gpu = tall[1:].zero_()
+    p.bt.init_block_table_layout_tensors()
+    p.append(2, ([3, 4], [9]))
+    p.bt.apply_staged_writes()
+    for t in p.bt.input_block_tables:
+        t.fill_(55)
+    gathered = p.gather([-1, 2], 4)
+    for t in p.bt.input_block_tables:
+        t.fill_(55)
+    fused, _ = p.bt.gather_and_compute_slot_mappings(
+        p.tensor([-1, 2]), 4, p.tensor([0, 1, 2]), p.tensor([0, 0], torch.int64), 2
+    )
+    for out in (gathered, [t.cpu().numpy() for t in fused]):
+        for g, ids in enumerate(([3, 4], [9])):
+            np.testing.assert_array_equal(out[g][[0, 2, 3]], 0, err_msg=f"group {g}")
+            np.testing.assert_array_equal(out[g][1, : len(ids)], ids, err_msg=f"group {g}")
+
+
 @pytest.mark.parametrize(
     ("computed", "first_live"),
     [
