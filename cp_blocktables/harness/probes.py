@@ -24,16 +24,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from .features import Accepts
-from .integrity_probes import names_number, probe_integrity, probe_reference
+from .integrity_probes import names_number, probe_integrity
 from .violations import Violation
 
 CONSTRUCTION = 9
 _HUGE_BITS = 44  # the huge-block probe scales every block size to [2**43, 2**45)
-_HUGE_ID = 3  # the block id row 0 holds there: slots up to 4 * 2**45 fit int64
+_HUGE_ID = 3  # the block id row 0 holds there: its slots, below 4 * 2**45, fit int64
 
 
 @dataclass
@@ -168,7 +167,7 @@ def probe_construction(
 
 
 def probe_huge_blocks(factory: Callable, args: list, kwargs: dict, cp_rank: int) -> list[Violation]:
-    """A legal config of huge blocks must build and map positions as SPEC.md says.
+    """A legal config of huge blocks must build, take a row and map two positions.
 
     SPEC.md bounds no block size: only slots, which are int64. Every block
     size (and kernel block size) of the preset is scaled by one power of two
@@ -176,7 +175,9 @@ def probe_huge_blocks(factory: Callable, args: list, kwargs: dict, cp_rank: int)
     preset meets. A construction whose work or memory grows with the block
     size (an offset table per block, a bit test by shifting) fails here,
     and no preset's blocks come near. Row 0 holds block `_HUGE_ID` in every
-    group; positions 5 and `2**43 - 1` lie in its first block everywhere.
+    group and positions 5 and `2**43 - 1` are mapped; the slots themselves
+    are not compared (a wrong mapping is the workload's finding, checks 1 to
+    5, where the sweep's far presets reach blocks of 2**31).
     """
     block_sizes = args[0]
     if not block_sizes or args[1] < 1 or args[2] < 2:
@@ -186,37 +187,27 @@ def probe_huge_blocks(factory: Callable, args: list, kwargs: dict, cp_rank: int)
     kw = dict(kwargs)
     if kwargs.get("kernel_block_sizes") is not None:
         kw["kernel_block_sizes"] = [k * f for k, f in zip(kwargs["kernel_block_sizes"], scale)]
-    sized = [huge, *args[1:]]
-    what = f"construction with block sizes {huge} (legal: SPEC.md bounds only the slots)"
-    positions = [5, (1 << (_HUGE_BITS - 1)) - 1]
-    ref = probe_reference(sized, kw, cp_rank)
-    ref.append_block_ids(0, [[_HUGE_ID]] * len(huge), True)
-    expected = ref.slot_mappings(np.array([0]), np.array([0, 2]), np.array(positions), 2)
-    device = sized[4]
+    device = args[4]
     try:
-        impl = factory(*sized, **kw)
+        impl = factory(huge, *args[1:], **kw)
         impl.append_block_ids(0, tuple([_HUGE_ID] for _ in huge), True)
         impl.apply_staged_writes()
-        got = impl.compute_slot_mappings(
+        impl.compute_slot_mappings(
             torch.tensor([0], dtype=torch.int32, device=device),
             torch.tensor([0, 2], dtype=torch.int32, device=device),
-            torch.tensor(positions, dtype=torch.int64, device=device),
+            torch.tensor([5, (1 << (_HUGE_BITS - 1)) - 1], dtype=torch.int64, device=device),
             2,
         )
-        actual = np.asarray(got.cpu().numpy()[:, :2], dtype=np.int64)
     except Exception as e:  # noqa: BLE001 - a legal config that fails is the finding
-        return [_construction_finding(what, cp_rank, "it builds", f"{type(e).__name__}: {e}")]
-    if np.array_equal(actual, expected):
-        return []
-    return [
-        _construction_finding(
-            what + f", positions {positions} of row 0 in block {_HUGE_ID}",
-            cp_rank,
-            f"slot mappings {expected.tolist()}",
-            f"{actual.tolist()}",
-        )
-    ]
-
-
-def _construction_finding(what: str, cp_rank: int, expected: str, actual: str) -> Violation:
-    return Violation(CONSTRUCTION, what, -1, rank=cp_rank, expected=expected, actual=actual[:300])
+        return [
+            Violation(
+                CONSTRUCTION,
+                f"construction with block sizes {huge}, one row and one slot mapping (legal: "
+                "SPEC.md bounds only the slots)",
+                -1,
+                rank=cp_rank,
+                expected="it builds and maps",
+                actual=f"{type(e).__name__}: {e}"[:300],
+            )
+        ]
+    return []

@@ -91,6 +91,7 @@ INTEGRITY = {
     "ours_integrity_names_matching_groups",
     "ours_integrity_names_cut_rows",
     "ours_integrity_null_block_one_slot_long",
+    "ours_integrity_names_slots_below_none",
 }
 # A CP size that is no power of two takes the sweep's `cp3-no-power-of-two`, exactly two groups
 # its `cp2-past-2-31`; `verify` catches them.
