@@ -1,4 +1,4 @@
-"""Contract probes: the calls SPEC.md says must fail, made on instances of their own.
+"""Contract probes: calls SPEC.md says must fail, and one that must not, on instances of their own.
 
 The workload makes legal calls and checks what they compute. Two rules of the
 contract are about calls that must raise, and no legal workload makes them:
@@ -9,6 +9,9 @@ contract are about calls that must raise, and no legal workload makes them:
 - with integrity checks on (section 8.3), a slot shared by two tokens, a
   gather that reads a count never published, and a gathered row that differs
   from its source raise `RuntimeError`.
+
+One more must succeed: a legal config whose blocks are far larger than any
+preset's (SPEC.md bounds only the slots) must build and map.
 
 An implementation that skips a rule computes every legal step right, so only
 a probe can tell. Each probe starts from the preset's own valid constructor

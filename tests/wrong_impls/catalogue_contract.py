@@ -3,7 +3,8 @@
 Each computes every legal step right; what is wrong is a call that must
 fail and does not: a constructor that builds from a config SPEC.md refuses
 (check 9), or integrity checks (SPEC.md 8.3) that miss a planted fault
-(check 10).
+(check 10); or one that must succeed and does not: a constructor that
+cannot build a legal config of huge blocks (check 9).
 """
 
 from __future__ import annotations
