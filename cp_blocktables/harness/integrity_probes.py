@@ -11,24 +11,31 @@ Findings are check 10.
 from __future__ import annotations
 
 import itertools
-import os
 import re
 from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
-import torch
 
-from ..reference import ReferenceBlockTables, expand_block_ids
-from .guarded import guard
+from ..reference import ReferenceBlockTables
+from .planted import (
+    CUT_ROWS,
+    ENV_VAR,
+    FRESH_ID,
+    SHARED_ID,
+    aliased_gather,
+    aliased_pair,
+    equal_pair,
+    fault_behind_cut_rows,
+    filled,
+    i32,
+    i64,
+    stale_behind_clean_rows,
+)
 from .violations import Violation
 
 INTEGRITY = 10
-ENV_VAR = "CPBT_INTEGRITY_CHECKS"  # SPEC.md 8.3: also turns the checks on
-_SHARED_ID = 4099  # allocator block id both probe rows hold: far from the null block 0
-_FRESH_ID = 4111
 _LOWER_ID = 2053  # row 2's blocks in the probe whose smallest live slot is unshared
-_CUT_ROWS = 8  # clean rows gathered before a faulty one: as many as a message may list
 
 
 def names_number(message: str, number: str) -> bool:
@@ -73,7 +80,7 @@ def _shared_rows(ref: ReferenceBlockTables, max_tokens: int) -> tuple[list, int]
         count = -(-span // covers)
         if count * rules.m[g] > rules.width[g]:
             return None
-        ids.append([_SHARED_ID + j for j in range(count)])
+        ids.append([SHARED_ID + j for j in range(count)])
     return ids, span
 
 
@@ -116,15 +123,6 @@ def _expect_error(
     return [Violation(INTEGRITY, what, -1, rank=cp_rank, expected=expected, actual=actual[:300])]
 
 
-def _i32(values, device: torch.device) -> torch.Tensor:
-    """An input for the implementation: on the CPU it ends at an unreadable page (`guarded`)."""
-    return guard(torch.tensor(values, dtype=torch.int32, device=device))
-
-
-def _i64(values, device: torch.device) -> torch.Tensor:
-    return guard(torch.tensor(values, dtype=torch.int64, device=device))
-
-
 def probe_integrity(
     factory: Callable, args: list, kwargs: dict, cp_rank: int, fused: bool
 ) -> list[Violation]:
@@ -137,11 +135,12 @@ def probe_integrity(
     the first past the null block's. Rows 0 and 1 sharing slots above row 2's
     unshared ones must be named too. A stale count, both ways: a row grown by
     an append, and a row cut short by an overwrite with fewer blocks, after the
-    last apply, then a gather of that row. `fused`:
+    last apply, then a gather of that row, alone and behind eight clean rows
+    (`stale_behind_clean_rows`). `fused`:
     the implementation has `gather_and_compute_slot_mappings` (section 8.2),
     whose effects are those of both calls, checks included. A gathered row
-    unlike its source, counts published: see `_aliased_gather`, `_aliased_pair`
-    and `_fault_behind_cut_rows`.
+    unlike its source, counts published: see `aliased_gather`, `aliased_pair`
+    and `fault_behind_cut_rows`.
     """
     device = args[4]
     ref = probe_reference(args, kwargs, cp_rank)
@@ -173,22 +172,31 @@ def probe_integrity(
     for (change, overwrite), how in itertools.product(stale.items(), methods if two_fit else ()):
 
         def setup(how=how, overwrite=overwrite):
-            first = [_SHARED_ID, _FRESH_ID] if overwrite else [_SHARED_ID]
-            impl = _filled(factory, args, kwargs, [first] * n, rows=(row,))
-            impl.append_block_ids(row, tuple([_FRESH_ID] for _ in range(n)), overwrite)  # no apply
-            idx = _i32([row], device)
+            first = [SHARED_ID, FRESH_ID] if overwrite else [SHARED_ID]
+            impl = filled(factory, args, kwargs, [first] * n, rows=(row,))
+            impl.append_block_ids(row, tuple([FRESH_ID] for _ in range(n)), overwrite)  # no apply
+            idx = i32([row], device)
             if how == "gather_block_tables":
                 return lambda: impl.gather_block_tables(idx, 1)
-            q, pos = _i32([0, 1], device), _i64([0], device)
+            q, pos = i32([0, 1], device), i64([0], device)
             return lambda: impl.gather_and_compute_slot_mappings(idx, 1, q, pos, 1)
 
         what = f"{how} of row {row} {change} after the last apply_staged_writes (a stale count)"
         found += _expect_error(what, setup, cp_rank, rows)
+    if two_fit and ref.rules.max_num_reqs > CUT_ROWS:
+        found += _expect_error(
+            f"gather_block_tables of rows 0 to {CUT_ROWS - 1}, clean, then row {row}, cut "
+            f"short by an overwrite after the last apply_staged_writes (a stale count behind "
+            f"{CUT_ROWS} clean rows: the message must name row {row} or batch row {CUT_ROWS})",
+            lambda: stale_behind_clean_rows(factory, args, kwargs, ref),
+            cp_rank,
+            (str(row), str(CUT_ROWS)),
+        )
     if n >= 2:
         found += _expect_error(  # row 0: a check comparing the sources with themselves is blind
             "gather_block_tables of row 0 into one out tensor given for every group (a gathered "
             "row that differs from its source, counts all published)",
-            lambda: _aliased_gather(factory, args, kwargs, ref, 0),
+            lambda: aliased_gather(factory, args, kwargs, ref, 0),
             cp_rank,
             ("0",),
             refusal_ok=True,
@@ -199,63 +207,24 @@ def probe_integrity(
             "gather_block_tables of row 0 with one out tensor given for groups 1 and 2 and one "
             "of its own for every other group (the message must name a group whose entries "
             "that tensor does not hold)",
-            lambda: _aliased_pair(factory, args, kwargs, ref, state),
+            lambda: aliased_pair(factory, args, kwargs, ref, state),
             cp_rank,
             lambda: state["differing"](),
             refusal_ok=True,
         )
-    pair = _equal_pair(ref)
-    if pair is not None and ref.rules.max_num_reqs > _CUT_ROWS:
+    pair = equal_pair(ref)
+    if pair is not None and ref.rules.max_num_reqs > CUT_ROWS:
         last = ref.rules.max_num_reqs - 1
         found += _expect_error(
-            f"gather_block_tables of rows 0 to {_CUT_ROWS - 1}, cut short by an overwrite, then "
+            f"gather_block_tables of rows 0 to {CUT_ROWS - 1}, cut short by an overwrite, then "
             f"row {last}, with one out tensor given for groups {pair[0]} and {pair[1]} (the "
-            f"message must name row {last}, batch row {_CUT_ROWS}, the one that differs)",
-            lambda: _fault_behind_cut_rows(factory, args, kwargs, ref, pair),
+            f"message must name row {last}, batch row {CUT_ROWS}, the one that differs)",
+            lambda: fault_behind_cut_rows(factory, args, kwargs, ref, pair),
             cp_rank,
-            (str(last), str(_CUT_ROWS)),
+            (str(last), str(CUT_ROWS)),
             refusal_ok=True,
         )
     return found
-
-
-def _equal_pair(ref: ReferenceBlockTables) -> tuple[int, int] | None:
-    """Two groups of one kernel block factor whose rows hold two blocks, if any."""
-    m, width = ref.rules.m, ref.rules.width
-    fit = [g for g in range(ref.rules.num_groups) if width[g] >= 2 * m[g]]
-    return next(((a, b) for a, b in itertools.combinations(fit, 2) if m[a] == m[b]), None)
-
-
-def _fault_behind_cut_rows(
-    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, pair: tuple
-) -> Callable[[], object]:
-    """Rows `[0, _CUT_ROWS)` hold two blocks, applied, then one by an overwrite, applied: each
-    keeps a stale entry past its count, which is no difference from its source. They hold the
-    same ids in every group, so the two groups of `pair`, sharing one `out` tensor, copy the
-    same entries there. The last row holds different ids in those two groups, so whichever
-    copy lands last, it alone differs from its source; gathered behind the cut rows, a
-    message that names them (eight rows at a time) may never reach it."""
-    rules, device = ref.rules, args[4]
-    n, last = rules.num_groups, rules.max_num_reqs - 1
-    impl = factory(*args, **kwargs)
-    for r in range(_CUT_ROWS):
-        base = _SHARED_ID + 2 * r
-        impl.append_block_ids(r, tuple([base, base + 1] for _ in range(n)), True)
-    impl.apply_staged_writes()
-    for r in range(_CUT_ROWS):
-        impl.append_block_ids(r, tuple([_SHARED_ID + 2 * r] for _ in range(n)), True)
-    a, b = pair
-    fault = _SHARED_ID + 2 * _CUT_ROWS  # past the cut rows' ids
-    impl.append_block_ids(last, tuple([fault + (g == b)] for g in range(n)), True)
-    impl.apply_staged_writes()
-    num_rows, width = _CUT_ROWS + 1, max(rules.width)
-    shared = torch.zeros((num_rows, width), dtype=torch.int32, device=device)
-    outs = [
-        shared if g in pair else torch.zeros((num_rows, width), dtype=torch.int32, device=device)
-        for g in range(n)
-    ]
-    idx = _i32([*range(_CUT_ROWS), last], device)
-    return lambda: impl.gather_block_tables(idx, num_rows, out=outs)
 
 
 def _shared_slot(
@@ -290,8 +259,8 @@ def _shared_slot(
     for how, kw, note in ways:
 
         def setup(how=how, kw=kw, env=bool(note)):
-            impl = _filled(factory, args, kw, ids, rows=(0, 1), env=env, row_2=lower)
-            idx, q, pos = _i32(list(range(k)), device), _i32(qsl, device), _i64(positions, device)
+            impl = filled(factory, args, kw, ids, rows=(0, 1), env=env, row_2=lower)
+            idx, q, pos = i32(list(range(k)), device), i32(qsl, device), i64(positions, device)
             if how == "compute_slot_mappings":
                 return lambda: impl.compute_slot_mappings(idx, q, pos, k * span)
             return lambda: impl.gather_and_compute_slot_mappings(idx, k, q, pos, k * span)
@@ -301,100 +270,7 @@ def _shared_slot(
     return found
 
 
-def _aliased_gather(
-    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, row: int
-) -> Callable[[], object]:
-    """`row` holds a different block in every group, applied; the gather's `out` names one
-    tensor for all groups, so one group's copy overwrites another's: a gathered row differs
-    from its source while every count is published. Only the entry comparison of SPEC.md 8.3
-    sees it (a refusal of the aliased `out` up front is fine too)."""
-    rules, device = ref.rules, args[4]
-    first, ids = set(), []
-    for m in rules.m:  # the groups' first kernel ids must differ pairwise
-        b = _SHARED_ID + len(ids)
-        while b * m in first:
-            b += 1
-        first.add(b * m)
-        ids.append([b])
-    impl = _filled(factory, args, kwargs, ids, rows=(row,))
-    shared = torch.zeros((1, max(rules.width)), dtype=torch.int32, device=device)
-    idx = _i32([row], device)
-    return lambda: impl.gather_block_tables(idx, 1, out=[shared] * rules.num_groups)
-
-
-def _aliased_pair(
-    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, state: dict
-) -> Callable[[], object]:
-    """Row 0 holds three blocks in every group, applied; groups 1 and 2 share one `out`
-    tensor, every other group has its own. Their kernel ids differ in every column, so
-    whichever copy lands last, one of the two differs from its source; once the call ran,
-    `state["differing"]()` gives the groups whose entries the shared tensor does not hold,
-    and a right message names one of them. Every other number a right message needs (row 0,
-    group 0, counts of three or more entries, block ids) stays apart from 1 and 2, so a
-    message that names the groups that match instead cannot pass."""
-    rules, device = ref.rules, args[4]
-    ids, kernel = [], []
-    for g in range(rules.num_groups):
-        b = _SHARED_ID + 3 * g
-        while g == 2 and _any_column_equal(
-            expand_block_ids(range(b, b + 3), rules.m[g]), kernel[1]
-        ):
-            b += 3
-        ids.append(list(range(b, b + 3)))
-        kernel.append(expand_block_ids(ids[-1], rules.m[g]))
-    impl = _filled(factory, args, kwargs, ids, rows=(0,))
-    width = max(rules.width)
-    shared = torch.zeros((1, width), dtype=torch.int32, device=device)
-    outs = [
-        shared if g in (1, 2) else torch.zeros((1, width), dtype=torch.int32, device=device)
-        for g in range(rules.num_groups)
-    ]
-
-    def differing() -> tuple[str, ...]:
-        held = shared[0].cpu().numpy()
-        return tuple(str(g) for g in (1, 2) if np.any(held[: kernel[g].size] != kernel[g]))
-
-    state["differing"] = differing
-    idx = _i32([0], device)
-    return lambda: impl.gather_block_tables(idx, 1, out=outs)
-
-
-def _any_column_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    k = min(a.size, b.size)
-    return bool(np.any(a[:k] == b[:k]))
-
-
 def _repeats(row: np.ndarray) -> list[int]:
     """Slots (>= 0) that two or more tokens of `row` share."""
     values, counts = np.unique(row[row >= 0], return_counts=True)
     return values[counts > 1].tolist()
-
-
-def _filled(
-    factory: Callable,
-    args: list,
-    kwargs: dict,
-    ids: list,
-    rows: tuple,
-    env: bool = False,
-    row_2: list | None = None,
-) -> object:
-    """An instance whose `rows` hold `ids` (and row 2 `row_2`, when given), applied; `env`:
-    built under `CPBT_INTEGRITY_CHECKS=1` (SPEC.md 8.3 reads it at construction), restored
-    afterwards."""
-    old = os.environ.get(ENV_VAR)
-    if env:
-        os.environ[ENV_VAR] = "1"
-    try:
-        impl = factory(*args, **kwargs)
-    finally:
-        if env and old is None:
-            del os.environ[ENV_VAR]
-        elif env:
-            os.environ[ENV_VAR] = old
-    for r in rows:
-        impl.append_block_ids(r, tuple(ids), True)
-    if row_2 is not None:
-        impl.append_block_ids(2, tuple(row_2), True)
-    impl.apply_staged_writes()
-    return impl

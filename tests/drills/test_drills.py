@@ -31,6 +31,7 @@ def drill(tmp_path, name: str, **kwargs) -> tuple[int, dict | None]:
     return code, json.loads(path.read_text()) if dist.get_rank() == 0 else None
 
 
+@pytest.mark.long
 @pytest.mark.ranks(4, timeout=300)
 def test_our_implementation_passes_the_drill_with_kernel_blocks(rank, tmp_path):
     """`kbs-cp1`: an id appended after the warm-up reads back as its first kernel id `b*m`,
@@ -92,6 +93,7 @@ INTEGRITY = {
     "ours_integrity_names_cut_rows",
     "ours_integrity_null_block_one_slot_long",
     "ours_integrity_names_slots_below_none",
+    "ours_integrity_names_every_row_stale",
 }
 # A CP size that is no power of two takes the sweep's `cp3-no-power-of-two`, exactly two groups
 # its `cp2-past-2-31`; `verify` catches them.
@@ -101,6 +103,7 @@ DRILLED = {
 }
 
 
+@pytest.mark.long
 @pytest.mark.ranks(4, timeout=600)
 def test_every_wrong_implementation_fails_the_drill(rank, tmp_path):
     """The harness catalogue on the presets that catch all of it; the drill catalogue and the

@@ -15,6 +15,7 @@ from tests.wrong_impls.catalogue_contract import (
     InterleaveNotChecked,
     KernelBlocksNotChecked,
     OursIntegrityNamesCutRows,
+    OursIntegrityNamesEveryRowStale,
     OursIntegrityNamesMatchingGroups,
     OursIntegrityNamesSlotsBelowNone,
     OursIntegrityNeverOn,
@@ -116,6 +117,15 @@ def test_a_gather_fault_behind_eight_rows_cut_short_must_be_named():
     assert (
         found[0].expected == "RuntimeError naming one of 15, 8 (or a ValueError refusing the call)"
     )
+
+
+def test_a_stale_count_behind_eight_clean_rows_must_be_named():
+    """An explanation that lists every real row as stale names the eight clean rows gathered
+    first, and never the stale one behind them."""
+    found = _findings(OursIntegrityNamesEveryRowStale, "cp2-i1", ranks=[0])
+    assert [v.check for v in found] == [10], [v.describe() for v in found]
+    assert "a stale count behind 8 clean rows" in found[0].what
+    assert found[0].expected == "RuntimeError naming one of 15, 8"
 
 
 @pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])

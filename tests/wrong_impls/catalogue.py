@@ -16,6 +16,7 @@ from .catalogue_contract import (
     InterleaveNotChecked,
     KernelBlocksNotChecked,
     OursIntegrityNamesCutRows,
+    OursIntegrityNamesEveryRowStale,
     OursIntegrityNamesMatchingGroups,
     OursIntegrityNamesSlotsBelowNone,
     OursIntegrityNeverOn,
@@ -145,5 +146,6 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_integrity_null_block_one_slot_long": _entry(OursIntegrityNullBlockOneSlotLong, 10),
     "ours_integrity_names_slots_below_none": _entry(OursIntegrityNamesSlotsBelowNone, 10),
     "ours_offset_bits_per_block": _entry(OursOffsetBitsPerBlock, 9),
+    "ours_integrity_names_every_row_stale": _entry(OursIntegrityNamesEveryRowStale, 10),
 }
 """name -> (`--impl` spec, the check that must report it)."""

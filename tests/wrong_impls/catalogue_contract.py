@@ -149,3 +149,25 @@ class OursIntegrityNamesSlotsBelowNone(BlockTables):
             shared = live[1:][live[1:] == live[:1]]
             named += [f"group {g}: slot {int(x)} is shared" for x in shared[:8]]
         raise integrity.IntegrityError("compute_slot_mappings: " + "; ".join(named))
+
+
+class OursIntegrityNamesEveryRowStale(BlockTables):
+    """The gather check's explanation lists every real row as a stale count, eight a group,
+    whether or not its published count differs: a stale row behind eight clean ones is
+    counted and never named."""
+
+    def _check_gathered(self, dst, idx_mapping, num_computed_tokens) -> None:
+        counts = (self.num_blocks.gpu, self.num_blocks.np)
+        read = [r for r in idx_mapping.cpu().tolist() if r >= 0]
+        published = self.num_blocks.gpu.cpu().numpy()[:, read]
+        if not (published != self.num_blocks.np[:, read]).any():
+            return super()._check_gathered(dst, idx_mapping, num_computed_tokens)
+        named = []
+        for g in range(self.num_kv_cache_groups):
+            for b, r in enumerate(idx_mapping.cpu().tolist()[:8]):
+                if r >= 0:
+                    named.append(
+                        f"group {g}: batch row {b} (request row {r}) read num_blocks.gpu = "
+                        f"{int(counts[0][g, r])} but num_blocks.np = {int(counts[1][g, r])}"
+                    )
+        raise integrity.IntegrityError("gather_block_tables: " + "; ".join(named))

@@ -1,0 +1,186 @@
+"""Instances with one integrity fault planted, for the probes of SPEC.md 8.3.
+
+`integrity_probes` says what each probe requires of the error; this module
+builds the states: rows filled and applied (`filled`), a stale count behind
+clean rows, and gathers whose `out` tensors alias, so that a gathered row
+differs from its source while every count is published. Each builder returns
+the faulty call, unmade; inputs end at an unreadable page on the CPU
+(`guarded`), so a read past them is a fault too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..reference import ReferenceBlockTables, expand_block_ids
+from .guarded import guard
+
+ENV_VAR = "CPBT_INTEGRITY_CHECKS"  # SPEC.md 8.3: also turns the checks on
+SHARED_ID = 4099  # allocator block id both probe rows hold: far from the null block 0
+FRESH_ID = 4111
+CUT_ROWS = 8  # clean rows gathered before a faulty one: as many as a message may list
+
+
+def i32(values, device: torch.device) -> torch.Tensor:
+    """An input for the implementation: on the CPU it ends at an unreadable page (`guarded`)."""
+    return guard(torch.tensor(values, dtype=torch.int32, device=device))
+
+
+def i64(values, device: torch.device) -> torch.Tensor:
+    return guard(torch.tensor(values, dtype=torch.int64, device=device))
+
+
+def stale_behind_clean_rows(
+    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables
+) -> Callable[[], object]:
+    """Rows `[0, CUT_ROWS)` hold a block each, applied; the last row holds two, applied,
+    then one by an overwrite with no apply after it, so the count its gather reads is
+    stale. Gathered behind the clean rows, a message that takes their agreeing counts for
+    stale ones names them (eight a group) and never the last row."""
+    rules, device = ref.rules, args[4]
+    n, last = rules.num_groups, rules.max_num_reqs - 1
+    impl = factory(*args, **kwargs)
+    for r in range(CUT_ROWS):
+        impl.append_block_ids(r, tuple([SHARED_ID + r] for _ in range(n)), True)
+    impl.append_block_ids(last, tuple([FRESH_ID, FRESH_ID + 1] for _ in range(n)), True)
+    impl.apply_staged_writes()
+    impl.append_block_ids(last, tuple([FRESH_ID] for _ in range(n)), True)  # no apply
+    idx = i32([*range(CUT_ROWS), last], device)
+    return lambda: impl.gather_block_tables(idx, CUT_ROWS + 1)
+
+
+def equal_pair(ref: ReferenceBlockTables) -> tuple[int, int] | None:
+    """Two groups of one kernel block factor whose rows hold two blocks, if any."""
+    m, width = ref.rules.m, ref.rules.width
+    fit = [g for g in range(ref.rules.num_groups) if width[g] >= 2 * m[g]]
+    return next(((a, b) for a, b in itertools.combinations(fit, 2) if m[a] == m[b]), None)
+
+
+def fault_behind_cut_rows(
+    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, pair: tuple
+) -> Callable[[], object]:
+    """Rows `[0, CUT_ROWS)` hold two blocks, applied, then one by an overwrite, applied: each
+    keeps a stale entry past its count, which is no difference from its source. They hold the
+    same ids in every group, so the two groups of `pair`, sharing one `out` tensor, copy the
+    same entries there. The last row holds different ids in those two groups, so whichever
+    copy lands last, it alone differs from its source; gathered behind the cut rows, a
+    message that names them (eight rows at a time) may never reach it."""
+    rules, device = ref.rules, args[4]
+    n, last = rules.num_groups, rules.max_num_reqs - 1
+    impl = factory(*args, **kwargs)
+    for r in range(CUT_ROWS):
+        base = SHARED_ID + 2 * r
+        impl.append_block_ids(r, tuple([base, base + 1] for _ in range(n)), True)
+    impl.apply_staged_writes()
+    for r in range(CUT_ROWS):
+        impl.append_block_ids(r, tuple([SHARED_ID + 2 * r] for _ in range(n)), True)
+    a, b = pair
+    fault = SHARED_ID + 2 * CUT_ROWS  # past the cut rows' ids
+    impl.append_block_ids(last, tuple([fault + (g == b)] for g in range(n)), True)
+    impl.apply_staged_writes()
+    num_rows, width = CUT_ROWS + 1, max(rules.width)
+    shared = torch.zeros((num_rows, width), dtype=torch.int32, device=device)
+    outs = [
+        shared if g in pair else torch.zeros((num_rows, width), dtype=torch.int32, device=device)
+        for g in range(n)
+    ]
+    idx = i32([*range(CUT_ROWS), last], device)
+    return lambda: impl.gather_block_tables(idx, num_rows, out=outs)
+
+
+def aliased_gather(
+    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, row: int
+) -> Callable[[], object]:
+    """`row` holds a different block in every group, applied; the gather's `out` names one
+    tensor for all groups, so one group's copy overwrites another's: a gathered row differs
+    from its source while every count is published. Only the entry comparison of SPEC.md 8.3
+    sees it (a refusal of the aliased `out` up front is fine too)."""
+    rules, device = ref.rules, args[4]
+    first, ids = set(), []
+    for m in rules.m:  # the groups' first kernel ids must differ pairwise
+        b = SHARED_ID + len(ids)
+        while b * m in first:
+            b += 1
+        first.add(b * m)
+        ids.append([b])
+    impl = filled(factory, args, kwargs, ids, rows=(row,))
+    shared = torch.zeros((1, max(rules.width)), dtype=torch.int32, device=device)
+    idx = i32([row], device)
+    return lambda: impl.gather_block_tables(idx, 1, out=[shared] * rules.num_groups)
+
+
+def aliased_pair(
+    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, state: dict
+) -> Callable[[], object]:
+    """Row 0 holds three blocks in every group, applied; groups 1 and 2 share one `out`
+    tensor, every other group has its own. Their kernel ids differ in every column, so
+    whichever copy lands last, one of the two differs from its source; once the call ran,
+    `state["differing"]()` gives the groups whose entries the shared tensor does not hold,
+    and a right message names one of them. Every other number a right message needs (row 0,
+    group 0, counts of three or more entries, block ids) stays apart from 1 and 2, so a
+    message that names the groups that match instead cannot pass."""
+    rules, device = ref.rules, args[4]
+    ids, kernel = [], []
+    for g in range(rules.num_groups):
+        b = SHARED_ID + 3 * g
+        while g == 2 and _any_column_equal(
+            expand_block_ids(range(b, b + 3), rules.m[g]), kernel[1]
+        ):
+            b += 3
+        ids.append(list(range(b, b + 3)))
+        kernel.append(expand_block_ids(ids[-1], rules.m[g]))
+    impl = filled(factory, args, kwargs, ids, rows=(0,))
+    width = max(rules.width)
+    shared = torch.zeros((1, width), dtype=torch.int32, device=device)
+    outs = [
+        shared if g in (1, 2) else torch.zeros((1, width), dtype=torch.int32, device=device)
+        for g in range(rules.num_groups)
+    ]
+
+    def differing() -> tuple[str, ...]:
+        held = shared[0].cpu().numpy()
+        return tuple(str(g) for g in (1, 2) if np.any(held[: kernel[g].size] != kernel[g]))
+
+    state["differing"] = differing
+    idx = i32([0], device)
+    return lambda: impl.gather_block_tables(idx, 1, out=outs)
+
+
+def _any_column_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    k = min(a.size, b.size)
+    return bool(np.any(a[:k] == b[:k]))
+
+
+def filled(
+    factory: Callable,
+    args: list,
+    kwargs: dict,
+    ids: list,
+    rows: tuple,
+    env: bool = False,
+    row_2: list | None = None,
+) -> object:
+    """An instance whose `rows` hold `ids` (and row 2 `row_2`, when given), applied; `env`:
+    built under `CPBT_INTEGRITY_CHECKS=1` (SPEC.md 8.3 reads it at construction), restored
+    afterwards."""
+    old = os.environ.get(ENV_VAR)
+    if env:
+        os.environ[ENV_VAR] = "1"
+    try:
+        impl = factory(*args, **kwargs)
+    finally:
+        if env and old is None:
+            del os.environ[ENV_VAR]
+        elif env:
+            os.environ[ENV_VAR] = old
+    for r in rows:
+        impl.append_block_ids(r, tuple(ids), True)
+    if row_2 is not None:
+        impl.append_block_ids(2, tuple(row_2), True)
+    impl.apply_staged_writes()
+    return impl
