@@ -18,13 +18,17 @@ CONTAINER_TESTS_ENV = "CPBT_CONTAINER_TESTS"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave out the multi-rank tests under the paths in `$CPBT_CONTAINER_TESTS`.
+    """Put the tests marked `long` first, and leave out the multi-rank tests under the
+    paths in `$CPBT_CONTAINER_TESTS`.
 
-    CI (`.ci/run`) runs those in the container leg, where what they test (spawned
+    `make test` hands tests to its workers one at a time (`--maxschedchunk 1`), so the
+    long ones start first and the short ones fill in around them. CI (`.ci/run`) runs
+    the listed multi-rank tests in the container leg, where what they test (spawned
     worlds in shared memory, torchrun, dead and hung ranks) differs most; the host's
     `make test` then deselects them (reported as deselected, never skipped), so each
     runs once. Unset, as on a developer's machine, nothing is left out.
     """
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # stable
     paths = os.environ.get(CONTAINER_TESTS_ENV, "").split()
     if not paths:
         return

@@ -193,7 +193,7 @@ def test_the_container_leg_waits_for_the_host_and_ends_if_it_is_gone(tmp_path):
     assert ready.returncode == 0, ready.stdout + ready.stderr
 
 
-def _collected(env_value: str | None, *paths: str) -> set[str]:
+def _collected(env_value: str | None, *paths: str) -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != "CPBT_CONTAINER_TESTS"}
     if env_value is not None:
         env["CPBT_CONTAINER_TESTS"] = env_value
@@ -206,9 +206,10 @@ def _collected(env_value: str | None, *paths: str) -> set[str]:
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {line for line in proc.stdout.splitlines() if "::" in line}
+    return [line for line in proc.stdout.splitlines() if "::" in line]
 
 
+@pytest.mark.long
 def test_the_host_leaves_exactly_the_container_legs_tests_to_it():
     """With .ci/run's list, the host collects everything but the multi-rank tests of the
     listed paths, which are exactly what the container leg selects (`-m multirank`)."""
@@ -219,10 +220,13 @@ def test_the_host_leaves_exactly_the_container_legs_tests_to_it():
     paths = listed.group(1).replace("\\\n", " ").split()
     assert len(paths) == 5 and all((ROOT / p).exists() for p in paths)
     mixed = ["tests/harness/test_harness_torchrun.py", "tests/drills/test_drills_faults.py"]
-    everything = _collected(None, *mixed, "tests/harness/test_soak.py")
-    on_host = _collected(" ".join(paths), *mixed, "tests/harness/test_soak.py")
-    in_container = _collected(None, "-m", "multirank", *mixed)
+    ordered = _collected(None, *mixed, "tests/harness/test_soak.py", __file__)
+    everything = set(ordered)
+    on_host = set(_collected(" ".join(paths), *mixed, "tests/harness/test_soak.py", __file__))
+    in_container = set(_collected(None, "-m", "multirank", *mixed))
     assert in_container and on_host == everything - in_container
+    # `long` tests come first (tests/conftest.py), this one among them, from the last file
+    assert ordered[0].endswith("::test_the_host_leaves_exactly_the_container_legs_tests_to_it")
     assert any("test_drills_faults.py" in t for t in on_host)  # its single-rank tests stay
     soak = {t for t in everything if "test_soak.py" in t}
     assert soak and soak <= on_host  # multi-rank tests of an unlisted file stay on the host

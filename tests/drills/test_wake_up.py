@@ -27,6 +27,7 @@ def drill(tmp_path, name: str, **kwargs) -> tuple[int, dict | None]:
     return code, json.loads(path.read_text()) if dist.get_rank() == 0 else None
 
 
+@pytest.mark.long
 @pytest.mark.ranks(4, timeout=600)
 def test_the_wake_up_drill_passes_ours_skips_the_stand_in_and_fails_every_wrong_one(rank, tmp_path):
     specs = [DEFAULT_IMPL, STAND_IN, *(spec for spec, _ in WAKE_CATALOGUE.values())]

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.multirank
 STAND_IN = "tests.wrong_impls.stand_in:StandInBlockTables"
 
 
+@pytest.mark.long
 def test_every_wrong_implementation_is_caught_and_the_stand_in_passes(tmp_path):
     """One spawned world runs the stand-in and the whole catalogue (fail-fast per impl)."""
     assert len(CATALOGUE) >= 12

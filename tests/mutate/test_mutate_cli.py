@@ -60,6 +60,7 @@ def gather_work(tmp_path_factory) -> tuple[Path, int]:
     return work, session.count_pending(work / "session.sqlite")
 
 
+@pytest.mark.long
 @pytest.mark.multirank
 @pytest.mark.parametrize("flags", [[], ["--no-coverage"]], ids=["pre-pass", "no-coverage"])
 def test_the_pre_pass_records_unreached_mutants_before_exec(
@@ -115,6 +116,7 @@ CI_SAMPLE = [
 ]
 
 
+@pytest.mark.long
 @pytest.mark.multirank
 def test_the_ci_sample_is_killed_or_argued_equivalent(tmp_path):
     report = tmp_path / "mutate.json"

@@ -58,6 +58,7 @@ def test_a_sample_is_split_like_the_whole(tmp_path):
     assert sorted(map(len, parts)) == [3, 4] and not parts[0] & parts[1]
 
 
+@pytest.mark.long
 @pytest.mark.multirank
 def test_a_time_limit_leaves_the_rest_pending_and_a_resume_runs_it(tmp_path):
     work = tmp_path / "work"
