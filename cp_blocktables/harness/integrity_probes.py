@@ -173,7 +173,7 @@ def probe_integrity(
 
         def setup(how=how, overwrite=overwrite):
             first = [SHARED_ID, FRESH_ID] if overwrite else [SHARED_ID]
-            impl = filled(factory, args, kwargs, [first] * n, rows=(row,))
+            impl = filled(factory, args, kwargs, {row: [first] * n})
             impl.append_block_ids(row, tuple([FRESH_ID] for _ in range(n)), overwrite)  # no apply
             idx = i32([row], device)
             if how == "gather_block_tables":
@@ -259,7 +259,7 @@ def _shared_slot(
     for how, kw, note in ways:
 
         def setup(how=how, kw=kw, env=bool(note)):
-            impl = filled(factory, args, kw, ids, rows=(0, 1), env=env, row_2=lower)
+            impl = filled(factory, args, kw, dict(enumerate(held)), env=env)
             idx, q, pos = i32(list(range(k)), device), i32(qsl, device), i64(positions, device)
             if how == "compute_slot_mappings":
                 return lambda: impl.compute_slot_mappings(idx, q, pos, k * span)

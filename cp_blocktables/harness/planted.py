@@ -108,7 +108,7 @@ def aliased_gather(
             b += 1
         first.add(b * m)
         ids.append([b])
-    impl = filled(factory, args, kwargs, ids, rows=(row,))
+    impl = filled(factory, args, kwargs, {row: ids})
     shared = torch.zeros((1, max(rules.width)), dtype=torch.int32, device=device)
     idx = i32([row], device)
     return lambda: impl.gather_block_tables(idx, 1, out=[shared] * rules.num_groups)
@@ -134,7 +134,7 @@ def aliased_pair(
             b += 3
         ids.append(list(range(b, b + 3)))
         kernel.append(expand_block_ids(ids[-1], rules.m[g]))
-    impl = filled(factory, args, kwargs, ids, rows=(0,))
+    impl = filled(factory, args, kwargs, {0: ids})
     width = max(rules.width)
     shared = torch.zeros((1, width), dtype=torch.int32, device=device)
     outs = [
@@ -157,15 +157,9 @@ def _any_column_equal(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def filled(
-    factory: Callable,
-    args: list,
-    kwargs: dict,
-    ids: list,
-    rows: tuple,
-    env: bool = False,
-    row_2: list | None = None,
+    factory: Callable, args: list, kwargs: dict, held: dict[int, list], env: bool = False
 ) -> object:
-    """An instance whose `rows` hold `ids` (and row 2 `row_2`, when given), applied; `env`:
+    """An instance whose rows hold the ids `held` gives them (`{row: ids}`), applied; `env`:
     built under `CPBT_INTEGRITY_CHECKS=1` (SPEC.md 8.3 reads it at construction), restored
     afterwards."""
     old = os.environ.get(ENV_VAR)
@@ -178,9 +172,7 @@ def filled(
             del os.environ[ENV_VAR]
         elif env:
             os.environ[ENV_VAR] = old
-    for r in rows:
+    for r, ids in held.items():
         impl.append_block_ids(r, tuple(ids), True)
-    if row_2 is not None:
-        impl.append_block_ids(2, tuple(row_2), True)
     impl.apply_staged_writes()
     return impl

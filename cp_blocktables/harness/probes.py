@@ -31,6 +31,7 @@ import torch
 
 from .features import Accepts
 from .integrity_probes import names_number, probe_integrity
+from .planted import i32, i64
 from .violations import Violation
 
 CONSTRUCTION = 9
@@ -195,12 +196,8 @@ def probe_huge_blocks(factory: Callable, args: list, kwargs: dict, cp_rank: int)
         impl = factory(huge, *args[1:], **kw)
         impl.append_block_ids(0, tuple([_HUGE_ID] for _ in huge), True)
         impl.apply_staged_writes()
-        impl.compute_slot_mappings(
-            torch.tensor([0], dtype=torch.int32, device=device),
-            torch.tensor([0, 2], dtype=torch.int32, device=device),
-            torch.tensor([5, (1 << (_HUGE_BITS - 1)) - 1], dtype=torch.int64, device=device),
-            2,
-        )
+        positions = i64([5, (1 << (_HUGE_BITS - 1)) - 1], device)
+        impl.compute_slot_mappings(i32([0], device), i32([0, 2], device), positions, 2)
     except Exception as e:  # noqa: BLE001 - a legal config that fails is the finding
         return [
             Violation(
