@@ -351,6 +351,7 @@ class StagedWriteTensor:
         """Apply every staged write with one kernel launch, then clear them."""
         if not self._staged_write_indices:
             return
+        guards.check_write_target(self.gpu, self._shape, "gpu")
         _, *writes = self._buffers.publish([(0, _resolved_writes(self))])
         kernels.apply_writes(self.gpu, *writes)
         self.clear_staged_writes()
@@ -416,6 +417,7 @@ class FusedStagedWriter:
                 )
             if not guards.same_device(t.gpu, self.device):
                 raise ValueError(f"tensors[{i}] is on {t.gpu.device}, the writer on {self.device}")
+            guards.check_write_target(t.gpu, t._shape, f"tensors[{i}].gpu")
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) > 1:
             raise ValueError(f"FusedStagedWriter needs one dtype, got {sorted(map(str, dtypes))}")

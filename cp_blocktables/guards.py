@@ -159,6 +159,27 @@ def check_address_tensor(
         _verified[key] = (weakref.ref(t), t._version, want)
 
 
+def check_write_target(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
+    """A staged-write destination the apply kernel can address as it does:
+    element `col` of row `row` at `row * t.stride(0) + col`. So each row's
+    elements must be contiguous (any row pitch is fine, a 1-D tensor of any
+    stride too), and `t` must hold at least the rows and row width of `shape`,
+    the shape its writes were checked against when staged."""
+    inner = 1
+    for size, stride in zip(t.shape[:0:-1], t.stride()[:0:-1]):
+        if size != 1 and stride != inner:
+            raise ValueError(
+                f"{name} has strides {t.stride()} for shape {tuple(t.shape)}: the elements "
+                f"of a row must be contiguous"
+            )
+        inner *= size
+    if t.dim() != len(shape) or t.shape[0] < shape[0] or inner < math.prod(shape[1:]):
+        raise ValueError(
+            f"{name} has shape {tuple(t.shape)}, smaller than the {shape} its writes were "
+            f"staged for"
+        )
+
+
 def check_rows_disjoint(t: torch.Tensor, name: str) -> None:
     """A 2-D output whose rows must not overlap (a kernel writes them in parallel)."""
     if t.dim() == 2 and t.shape[0] > 1 and t.stride(0) < t.shape[1]:

@@ -59,10 +59,13 @@ def apply_writes(
 ) -> None:
     """Write `contents[cu_lens[w-1]:cu_lens[w]]` at `dst[rows[w], starts[w]:]` for every w.
 
-    Writes must not overlap (callers resolve overlaps on the host first).
+    Writes must not overlap (callers resolve overlaps on the host first). Each
+    row's elements must be contiguous (`guards.check_write_target`); rows may
+    lie at any pitch, and a 1-D `dst` (one element a row) may have any stride.
     """
-    stride = dst.stride(0) if dst.dim() > 1 else 1
-    _launch_apply(dst.device, dst, stride, rows, rows, starts, cu_lens, contents, fused=False)
+    _launch_apply(
+        dst.device, dst, dst.stride(0), rows, rows, starts, cu_lens, contents, fused=False
+    )
 
 
 def apply_fused_writes(

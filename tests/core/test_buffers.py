@@ -5,12 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hopper import flag_divisions, hopper_ttir, needs_cuda_backend
 
 from cp_blocktables import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor, UvaBufferPool
 from cp_blocktables._jit import launch_counts
 from cp_blocktables.buffers import uva_view
-from cp_blocktables.kernels import staged_writes
 
 
 def test_pool_round_robin_keeps_earlier_buffers(torch_device):
@@ -297,114 +295,6 @@ def test_many_writes_grow_buffers(torch_device):
     got = t.gpu.cpu().numpy()
     assert got[0, 0] == 596 and got[1, 0] == 597 and got[2, 0] == 598 and got[3, 0] == 599
     np.testing.assert_array_equal(got[3, 10:510], np.arange(500))
-
-
-@pytest.mark.filterwarnings("error::RuntimeWarning")
-@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
-def test_the_interpreted_apply_divides_by_no_zero(fused):
-    """The interpreter runs a kernel's integer operations in numpy, which warns where one
-    divides by zero and goes on with 0; compiled for a GPU, the same operation is undefined
-    (LLVM may take any value). So on CPU the warning is the one sign of a division that a GPU
-    would get wrong. Five writes, so that the binary search over them takes both branches."""
-    tensors = [StagedWriteTensor((4, 8), torch.int32, "cpu") for _ in range(2)]
-    writes = [(0, 1, [1, 2, 3]), (2, 0, [4]), (3, 5, [5, 6, 7]), (1, 2, [8, 9]), (2, 4, [10])]
-    expected = np.zeros((4, 8), dtype=np.int32)
-    for row, start, values in writes:
-        tensors[-1].stage_write(row, start, values)
-        expected[row, start : start + len(values)] = values
-    if fused:
-        tensors[0].stage_write(1, 7, [11])
-        ptrs = torch.tensor([t.gpu.data_ptr() for t in tensors], dtype=torch.uint64)
-        strides = torch.tensor([t.gpu.stride(0) for t in tensors], dtype=torch.int64)
-        FusedStagedWriter("cpu", max_writes=6).apply(tensors, ptrs, strides)
-        assert tensors[0].gpu[1].tolist() == [0] * 7 + [11]
-    else:
-        tensors[-1].apply_write()
-    np.testing.assert_array_equal(tensors[-1].gpu.numpy(), expected)
-
-
-@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
-def test_the_apply_reads_no_entry_before_cu_lens(torch_device, fused):
-    """Write 0's contents begin at element 0: the kernel takes that 0 and never loads
-    `cu_lens[-1]`. Through `StagedWriteTensor` that entry lies before the staging buffer,
-    outside any tensor, so a load of it reads whatever memory holds there and shows only where
-    that is not 0. Here `cu_lens` is a view one entry into a tensor whose first entry is -2: a
-    load of `cu_lens[-1]` moves write 0 two columns right."""
-    i32 = lambda values: torch.tensor(values, dtype=torch.int32, device=torch_device)  # noqa: E731
-    dst = torch.zeros((2, 8), dtype=torch.int32, device=torch_device)
-    rows, starts, contents = i32([0, 1]), i32([1, 2]), i32([1, 2, 3, 4, 5])
-    cu_lens = i32([-2, 3, 5])[1:]
-    if fused:
-        ptrs = torch.tensor([dst.data_ptr()], dtype=torch.uint64, device=torch_device)
-        strides = torch.tensor([dst.stride(0)], dtype=torch.int64, device=torch_device)
-        staged_writes.apply_fused_writes(
-            torch_device, ptrs, strides, i32([0, 0]), rows, starts, cu_lens, contents
-        )
-    else:
-        staged_writes.apply_writes(dst, rows, starts, cu_lens, contents)
-    assert dst.cpu().tolist() == [[0, 1, 2, 3, 0, 0, 0, 0], [0, 0, 4, 5, 0, 0, 0, 0]]
-
-
-def _compiled_apply_ttir(fused: bool) -> str:
-    """The apply kernel's TTIR as Triton compiles it for a Hopper GPU (no GPU needed)."""
-    kernel = staged_writes._apply_writes_kernel._compiled
-    signature = {name: "i32" for name in kernel.arg_names}
-    signature.update(
-        dst="*u64" if fused else "*i32", dst_strides="*i64" if fused else "i64",
-        tensor_ids="*i32", rows="*i32", starts="*i32", cu_lens="*i32", contents="*i32",
-    )  # fmt: skip
-    constants = dict(SEARCH_STEPS=4, FUSED=fused, TILE=1024)
-    return hopper_ttir(kernel, signature, constants)
-
-
-@needs_cuda_backend
-@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
-def test_the_compiled_apply_builds_and_divides_no_flags(fused):
-    """What CUDA launches, built on CPU: the interpreter never compiles it. Every load mask
-    must be boolean (the compiler refuses a float one), and no integer division may take a
-    boolean operand: numpy gives `x // False == 0`, so a flag divided by a flag acts as `&`
-    in the interpreter, while LLVM folds an i1 division to its dividend (dividing by zero is
-    undefined) and drops the divisor's condition on a GPU."""
-    ttir = _compiled_apply_ttir(fused)
-    assert flag_divisions(ttir) == []
-
-
-@pytest.mark.parametrize(
-    ("device", "tile", "steps"),
-    [
-        pytest.param("cpu", 8, 3, id="cpu-7-elements-exact-depth"),
-        pytest.param("cuda", 1024, 4, id="cuda-1024-tile-depth-rounded-to-4"),
-    ],
-)
-def test_each_back_end_applies_with_its_own_constants(monkeypatch, device, tile, steps):
-    """The apply's tile and search depth per back end, for 5 writes of 7 elements: the
-    interpreter runs one program of the contents rounded up to a power of two (8) with the
-    exact depth (5 writes: 3 steps); a GPU compiles 1024-element programs and a depth rounded
-    up to a multiple of 4, so contents of every size share one compiled variant. Results do
-    not depend on them (the launch taken is then run on CPU), so only this test sees one back
-    end's constants taken for the other: the harness on CPU never launches a GPU's, and on
-    CUDA the interpreter's would only cost a compile per size."""
-    i32 = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
-    dst = torch.zeros((3, 4), dtype=torch.int32)
-    rows, starts = i32([0, 2, 1, 0, 2]), i32([1, 0, 2, 0, 3])
-    cu_lens, contents = i32([2, 4, 5, 6, 7]), i32([1, 2, 3, 4, 5, 6, 7])
-    launches = []
-    monkeypatch.setattr(
-        staged_writes._apply_writes_kernel,
-        "launch",
-        lambda *args, **kwargs: launches.append((args, kwargs)),
-    )
-    staged_writes.apply_fused_writes(
-        torch.device(device),
-        torch.tensor([dst.data_ptr()], dtype=torch.uint64),
-        torch.tensor([dst.stride(0)], dtype=torch.int64),
-        i32([0] * 5), rows, starts, cu_lens, contents,
-    )  # fmt: skip
-    monkeypatch.undo()
-    ((args, kwargs),) = launches
-    assert (args[1], kwargs["TILE"], kwargs["SEARCH_STEPS"]) == ((1,), tile, steps)
-    staged_writes._apply_writes_kernel.launch(torch.device("cpu"), *args[1:], **kwargs)
-    assert dst.tolist() == [[6, 1, 2, 0], [0, 0, 5, 0], [3, 4, 0, 7]]
 
 
 def test_fused_writer_one_launch_for_all_tensors(torch_device):

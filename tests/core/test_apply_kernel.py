@@ -1,0 +1,194 @@
+"""The apply kernel: where it writes, what it reads, and what each back end compiles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hopper import flag_divisions, hopper_ttir, needs_cuda_backend
+
+from cp_blocktables import FusedStagedWriter, StagedWriteTensor
+from cp_blocktables.kernels import staged_writes
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+def test_the_interpreted_apply_divides_by_no_zero(fused):
+    """The interpreter runs a kernel's integer operations in numpy, which warns where one
+    divides by zero and goes on with 0; compiled for a GPU, the same operation is undefined
+    (LLVM may take any value). So on CPU the warning is the one sign of a division that a GPU
+    would get wrong. Five writes, so that the binary search over them takes both branches."""
+    tensors = [StagedWriteTensor((4, 8), torch.int32, "cpu") for _ in range(2)]
+    writes = [(0, 1, [1, 2, 3]), (2, 0, [4]), (3, 5, [5, 6, 7]), (1, 2, [8, 9]), (2, 4, [10])]
+    expected = np.zeros((4, 8), dtype=np.int32)
+    for row, start, values in writes:
+        tensors[-1].stage_write(row, start, values)
+        expected[row, start : start + len(values)] = values
+    if fused:
+        tensors[0].stage_write(1, 7, [11])
+        ptrs = torch.tensor([t.gpu.data_ptr() for t in tensors], dtype=torch.uint64)
+        strides = torch.tensor([t.gpu.stride(0) for t in tensors], dtype=torch.int64)
+        FusedStagedWriter("cpu", max_writes=6).apply(tensors, ptrs, strides)
+        assert tensors[0].gpu[1].tolist() == [0] * 7 + [11]
+    else:
+        tensors[-1].apply_write()
+    np.testing.assert_array_equal(tensors[-1].gpu.numpy(), expected)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+def test_the_apply_reads_no_entry_before_cu_lens(torch_device, fused):
+    """Write 0's contents begin at element 0: the kernel takes that 0 and never loads
+    `cu_lens[-1]`. Through `StagedWriteTensor` that entry lies before the staging buffer,
+    outside any tensor, so a load of it reads whatever memory holds there and shows only where
+    that is not 0. Here `cu_lens` is a view one entry into a tensor whose first entry is -2: a
+    load of `cu_lens[-1]` moves write 0 two columns right."""
+    i32 = lambda values: torch.tensor(values, dtype=torch.int32, device=torch_device)  # noqa: E731
+    dst = torch.zeros((2, 8), dtype=torch.int32, device=torch_device)
+    rows, starts, contents = i32([0, 1]), i32([1, 2]), i32([1, 2, 3, 4, 5])
+    cu_lens = i32([-2, 3, 5])[1:]
+    if fused:
+        ptrs = torch.tensor([dst.data_ptr()], dtype=torch.uint64, device=torch_device)
+        strides = torch.tensor([dst.stride(0)], dtype=torch.int64, device=torch_device)
+        staged_writes.apply_fused_writes(
+            torch_device, ptrs, strides, i32([0, 0]), rows, starts, cu_lens, contents
+        )
+    else:
+        staged_writes.apply_writes(dst, rows, starts, cu_lens, contents)
+    assert dst.cpu().tolist() == [[0, 1, 2, 3, 0, 0, 0, 0], [0, 0, 4, 5, 0, 0, 0, 0]]
+
+
+def _compiled_apply_ttir(fused: bool) -> str:
+    """The apply kernel's TTIR as Triton compiles it for a Hopper GPU (no GPU needed)."""
+    kernel = staged_writes._apply_writes_kernel._compiled
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update(
+        dst="*u64" if fused else "*i32", dst_strides="*i64" if fused else "i64",
+        tensor_ids="*i32", rows="*i32", starts="*i32", cu_lens="*i32", contents="*i32",
+    )  # fmt: skip
+    constants = dict(SEARCH_STEPS=4, FUSED=fused, TILE=1024)
+    return hopper_ttir(kernel, signature, constants)
+
+
+@needs_cuda_backend
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+def test_the_compiled_apply_builds_and_divides_no_flags(fused):
+    """What CUDA launches, built on CPU: the interpreter never compiles it. Every load mask
+    must be boolean (the compiler refuses a float one), and no integer division may take a
+    boolean operand: numpy gives `x // False == 0`, so a flag divided by a flag acts as `&`
+    in the interpreter, while LLVM folds an i1 division to its dividend (dividing by zero is
+    undefined) and drops the divisor's condition on a GPU."""
+    ttir = _compiled_apply_ttir(fused)
+    assert flag_divisions(ttir) == []
+
+
+@pytest.mark.parametrize(
+    ("device", "tile", "steps"),
+    [
+        pytest.param("cpu", 8, 3, id="cpu-7-elements-exact-depth"),
+        pytest.param("cuda", 1024, 4, id="cuda-1024-tile-depth-rounded-to-4"),
+    ],
+)
+def test_each_back_end_applies_with_its_own_constants(monkeypatch, device, tile, steps):
+    """The apply's tile and search depth per back end, for 5 writes of 7 elements: the
+    interpreter runs one program of the contents rounded up to a power of two (8) with the
+    exact depth (5 writes: 3 steps); a GPU compiles 1024-element programs and a depth rounded
+    up to a multiple of 4, so contents of every size share one compiled variant. Results do
+    not depend on them (the launch taken is then run on CPU), so only this test sees one back
+    end's constants taken for the other: the harness on CPU never launches a GPU's, and on
+    CUDA the interpreter's would only cost a compile per size."""
+    i32 = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
+    dst = torch.zeros((3, 4), dtype=torch.int32)
+    rows, starts = i32([0, 2, 1, 0, 2]), i32([1, 0, 2, 0, 3])
+    cu_lens, contents = i32([2, 4, 5, 6, 7]), i32([1, 2, 3, 4, 5, 6, 7])
+    launches = []
+    monkeypatch.setattr(
+        staged_writes._apply_writes_kernel,
+        "launch",
+        lambda *args, **kwargs: launches.append((args, kwargs)),
+    )
+    staged_writes.apply_fused_writes(
+        torch.device(device),
+        torch.tensor([dst.data_ptr()], dtype=torch.uint64),
+        torch.tensor([dst.stride(0)], dtype=torch.int64),
+        i32([0] * 5), rows, starts, cu_lens, contents,
+    )  # fmt: skip
+    monkeypatch.undo()
+    ((args, kwargs),) = launches
+    assert (args[1], kwargs["TILE"], kwargs["SEARCH_STEPS"]) == ((1,), tile, steps)
+    staged_writes._apply_writes_kernel.launch(torch.device("cpu"), *args[1:], **kwargs)
+    assert dst.tolist() == [[6, 1, 2, 0], [0, 0, 5, 0], [3, 4, 0, 7]]
+
+
+def _apply(tensors: list[StagedWriteTensor], fused: bool) -> None:
+    """Apply the staged writes of `tensors` (one alone, or all through a fused writer)."""
+    if not fused:
+        (t,) = tensors
+        t.apply_write()
+        return
+    device = tensors[0].device
+    ptrs = torch.tensor([t.gpu.data_ptr() for t in tensors], dtype=torch.uint64, device=device)
+    strides = torch.tensor([t.gpu.stride(0) for t in tensors], dtype=torch.int64, device=device)
+    FusedStagedWriter(device, max_writes=8).apply(tensors, ptrs, strides)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+@pytest.mark.parametrize(
+    "shape, view, write, expected",
+    [
+        pytest.param(
+            (4,), lambda base: base[::2], (1, 0, [7]), [0, 0, 7, 0, 0, 0, 0, 0],
+            id="1d-every-second-element",
+        ),
+        pytest.param(
+            (3,), lambda base: base[2::3], (2, 0, [9]),
+            [0, 0, 0, 0, 0, 0, 0, 0, 9], id="1d-stride-3-from-2",
+        ),
+        pytest.param(
+            (2, 3), lambda base: base.view(2, 4)[:, 1:], (1, 1, [5, 6]),
+            [0, 0, 0, 0, 0, 0, 5, 6], id="2d-rows-of-a-wider-pitch",
+        ),
+    ],
+)  # fmt: skip
+def test_a_replaced_gpu_tensor_is_written_through_its_strides(
+    torch_device, fused, shape, view, write, expected
+):
+    """A `.gpu` replaced by a view of another tensor (as an engine reallocating its tables
+    does): every write lands at its element of the view, whatever the view's row stride, and
+    nothing else of the base tensor changes. A 1-D tensor holds one element a row, so its
+    stride is its row stride."""
+    t = StagedWriteTensor(shape, torch.int32, torch_device)
+    base = torch.zeros(len(expected), dtype=torch.int32, device=torch_device)
+    t.gpu = view(base)
+    t.stage_write(*write)
+    _apply([t], fused)
+    assert base.cpu().tolist() == expected
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+@pytest.mark.parametrize(
+    "view, message",
+    [
+        pytest.param(
+            lambda t: t.gpu.new_zeros(4, 3).t(), "elements of a row must be contiguous",
+            id="transposed-rows",
+        ),
+        pytest.param(lambda t: t.gpu[:2], "smaller than", id="fewer-rows"),
+        pytest.param(lambda t: t.gpu[:, :2], "smaller than", id="narrower-rows"),
+        pytest.param(lambda t: t.gpu.flatten(), "smaller than", id="one-dimension-fewer"),
+    ],
+)  # fmt: skip
+def test_a_replaced_gpu_tensor_the_kernel_cannot_address_is_refused(
+    torch_device, fused, view, message
+):
+    """Writes are checked against the shape a tensor was built with, and the kernel writes
+    each row's elements contiguously: a `.gpu` with fewer rows, narrower rows or scattered
+    elements would take writes outside itself. Refused with `ValueError`, every write still
+    staged and nothing written."""
+    t = StagedWriteTensor((3, 4), torch.int32, torch_device)
+    t.gpu = view(t)
+    before = t.gpu.clone()
+    t.stage_write(2, 1, [5, 6, 7])
+    with pytest.raises(ValueError, match=message):
+        _apply([t], fused)
+    assert torch.equal(t.gpu, before)
+    assert t._staged_write_cu_lens == [3]
