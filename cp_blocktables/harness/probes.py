@@ -10,8 +10,10 @@ contract are about calls that must raise, and no legal workload makes them:
   gather that reads a count never published, and a gathered row that differs
   from its source raise `RuntimeError`.
 
-One more must succeed: a legal config whose blocks are far larger than any
-preset's (SPEC.md bounds only the slots) must build and map.
+Two more must succeed: a legal config whose blocks are far larger than any
+preset's (SPEC.md bounds only the slots) must build and map, and so must a
+position past the table of a group without slot mapping (SPEC.md 3: that
+group's slots are all `PAD_SLOT_ID`, whatever the position).
 
 An implementation that skips a rule computes every legal step right, so only
 a probe can tell. Each probe starts from the preset's own valid constructor
@@ -120,6 +122,8 @@ def run_probes(
     args = constructor_args(cfg, device)
     found = probe_construction(factory, args, kwargs, accepts, cp_rank)
     found += probe_huge_blocks(factory, args, kwargs, cp_rank)
+    if accepts.accepts("slot_mapping_enabled"):
+        found += probe_disabled_group_positions(factory, args, kwargs, cp_rank)
     if kwargs.get("integrity_checks"):
         found += probe_integrity(factory, args, kwargs, cp_rank, fused)
     return found
@@ -207,6 +211,62 @@ def probe_huge_blocks(factory: Callable, args: list, kwargs: dict, cp_rank: int)
                 -1,
                 rank=cp_rank,
                 expected="it builds and maps",
+                actual=f"{type(e).__name__}: {e}"[:300],
+            )
+        ]
+    return []
+
+
+def probe_disabled_group_positions(
+    factory: Callable, args: list, kwargs: dict, cp_rank: int
+) -> list[Violation]:
+    """A position past the table of a group without slot mapping must map.
+
+    SPEC.md 3 gives such a group `PAD_SLOT_ID` for every token, so its table
+    bounds no position; only the enabled groups' tables do. Every preset
+    sizes all tables from one model length, so no workload position lies
+    past a disabled group's table. Here the preset's disabled groups (or,
+    when it has none, its last group, disabled) keep one block a row, and
+    row 0 maps the first position past all of them, which every enabled
+    group's table still covers. The slots are not compared (the workload's
+    checks 1 to 5 do that): the call must only not raise.
+    """
+    block_sizes, _, _, max_blocks, device = args
+    n = len(block_sizes)
+    enabled = list(kwargs.get("slot_mapping_enabled") or [True] * n)
+    if n < 2 or args[1] < 1 or args[2] < 1:
+        return []
+    if all(enabled):
+        enabled[-1] = False
+    if not any(enabled):
+        return []
+    cp = int(kwargs.get("cp_size", 1))
+    sharded = kwargs.get("dcp_sharded") or [True] * n
+    span = [b * (cp if sharded[g] else 1) for g, b in enumerate(block_sizes)]  # V of each group
+    short = [m if on else 1 for on, m in zip(enabled, max_blocks)]
+    position = max(v for v, on in zip(span, enabled) if not on)
+    if any(on and position >= v * m for v, on, m in zip(span, enabled, max_blocks)):
+        return []
+    ids = tuple(list(range(1, position // v + 2)) if on else [1] for v, on in zip(span, enabled))
+    kw = {**kwargs, "slot_mapping_enabled": enabled}
+    try:
+        impl = factory(block_sizes, args[1], args[2], short, device, **kw)
+        impl.append_block_ids(0, ids, True)
+        impl.apply_staged_writes()
+        impl.compute_slot_mappings(
+            i32([0], device), i32([0, 1], device), i64([position], device), 1
+        )
+    except Exception as e:  # noqa: BLE001 - a legal call that fails is the finding
+        disabled = [g for g, on in enumerate(enabled) if not on]
+        return [
+            Violation(
+                CONSTRUCTION,
+                f"slot mapping of position {position}, past the one-block tables of groups "
+                f"{disabled} without slot mapping and inside every other group's (legal: "
+                "SPEC.md 3 maps a disabled group's tokens to PAD_SLOT_ID)",
+                -1,
+                rank=cp_rank,
+                expected="it maps",
                 actual=f"{type(e).__name__}: {e}"[:300],
             )
         ]

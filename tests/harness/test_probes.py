@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cp_blocktables import BlockTables, integrity
-from cp_blocktables.harness import integrity_probes, presets, probes
+from cp_blocktables.harness import presets, probes
 from cp_blocktables.harness.features import constructor_kwargs, inspect_factory
 from tests.impls.pure_python import BlockTables as PurePython
 from tests.wrong_impls.catalogue_contract import (
@@ -22,6 +22,7 @@ from tests.wrong_impls.catalogue_contract import (
     OursIntegrityNullBlockOneSlotLong,
     OursIntegrityTrustsDeviceCounts,
     OursOffsetBitsPerBlock,
+    OursPositionsCheckedOnDisabledGroups,
     RankWrapped,
 )
 from tests.wrong_impls.stand_in import StandInBlockTables
@@ -46,13 +47,8 @@ def _findings(factory, preset_name: str, ranks=None) -> list:
     for rank in range(p.cp_size) if ranks is None else ranks:
         cfg = p.config(rank)
         kwargs = constructor_kwargs(p, rank, accepts)
-        args = [cfg.block_sizes, cfg.max_num_reqs, cfg.max_num_batched_tokens,
-                cfg.max_num_blocks_per_group, torch.device("cpu")]  # fmt: skip
-        found += probes.probe_construction(factory, args, kwargs, accepts, rank)
-        found += probes.probe_huge_blocks(factory, args, kwargs, rank)
-        if kwargs.get("integrity_checks"):
-            fused = hasattr(factory, "gather_and_compute_slot_mappings")
-            found += integrity_probes.probe_integrity(factory, args, kwargs, rank, fused)
+        fused = hasattr(factory, "gather_and_compute_slot_mappings")
+        found += probes.run_probes(factory, cfg, torch.device("cpu"), kwargs, accepts, rank, fused)
     return found
 
 
@@ -153,6 +149,15 @@ def test_a_construction_that_grows_with_the_block_size_is_check_9(preset):
     found = _findings(OursOffsetBitsPerBlock, preset, ranks=[0])
     assert [(v.check, v.expected) for v in found] == [(9, "it builds and maps")], found
     assert found[0].actual.startswith("MemoryError") and "legal" in found[0].what
+
+
+@pytest.mark.parametrize("preset", ["mutation", "mutation-cp1", "kbs-cp4", "cp2-i1"])
+def test_a_position_past_a_disabled_groups_table_must_map(preset):
+    """A group without slot mapping maps every token to PAD: its table bounds no position.
+    One that range-checks positions against it refuses a legal call no preset makes."""
+    found = _findings(OursPositionsCheckedOnDisabledGroups, preset, ranks=[0])
+    assert [(v.check, v.expected) for v in found] == [(9, "it maps")], found
+    assert found[0].actual.startswith("ValueError: position") and "legal" in found[0].what
 
 
 class _WrongType(StandInBlockTables):

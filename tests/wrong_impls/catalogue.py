@@ -23,6 +23,7 @@ from .catalogue_contract import (
     OursIntegrityNullBlockOneSlotLong,
     OursIntegrityTrustsDeviceCounts,
     OursOffsetBitsPerBlock,
+    OursPositionsCheckedOnDisabledGroups,
     RankWrapped,
 )
 from .catalogue_ours import (
@@ -147,5 +148,6 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_integrity_names_slots_below_none": _entry(OursIntegrityNamesSlotsBelowNone, 10),
     "ours_offset_bits_per_block": _entry(OursOffsetBitsPerBlock, 9),
     "ours_integrity_names_every_row_stale": _entry(OursIntegrityNamesEveryRowStale, 10),
+    "ours_positions_checked_on_disabled_groups": _entry(OursPositionsCheckedOnDisabledGroups, 9),
 }
 """name -> (`--impl` spec, the check that must report it)."""

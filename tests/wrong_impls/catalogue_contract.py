@@ -4,11 +4,13 @@ Each computes every legal step right; what is wrong is a call that must
 fail and does not: a constructor that builds from a config SPEC.md refuses
 (check 9), or integrity checks (SPEC.md 8.3) that miss a planted fault
 (check 10); or one that must succeed and does not: a constructor that
-cannot build a legal config of huge blocks (check 9).
+cannot build a legal config of huge blocks, or a slot mapping that refuses a legal
+position (check 9).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from cp_blocktables import BlockTables, integrity
@@ -56,6 +58,25 @@ class OursOffsetBitsPerBlock(BlockTables):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._offset_bits = [bytearray(-(-k // 8)) for k in self.kernel_block_sizes]
+
+
+class OursPositionsCheckedOnDisabledGroups(BlockTables):
+    """Range-checks positions against every group's table, the groups without slot
+    mapping included: right wherever all tables cover the model's length, a `ValueError`
+    for a legal position past a disabled group's shorter table."""
+
+    def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, *args, **kwargs):
+        qsl = query_start_loc.cpu().numpy()
+        rows = np.repeat(idx_mapping.cpu().numpy(), np.diff(qsl))  # [num_tokens]
+        pos = positions[: int(qsl[-1])].cpu().numpy()[rows >= 0]
+        cfg = self.config
+        for g, enabled in enumerate(cfg.slot_mapping_enabled):
+            span = cfg.block_sizes[g] * cfg.group_cp_size(g) * cfg.max_num_blocks_per_group[g]
+            if not enabled and pos.size and pos.max() >= span:
+                raise ValueError(f"position {int(pos.max())} lies past group {g}'s table")
+        return super().compute_slot_mappings(
+            idx_mapping, query_start_loc, positions, *args, **kwargs
+        )
 
 
 class OursIntegrityNeverOn(BlockTables):
