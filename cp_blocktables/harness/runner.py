@@ -375,6 +375,9 @@ def _run(comm: Comm, opts: VerifyOptions, t0: float) -> int:
     )
     if comm.rank == 0:
         run.emit()
+    # Every rank exits with the verdict, and the spawner gives the last rank standing 5 s
+    # once one has exited 1: so no rank leaves before the leader has written the report.
+    comm.all_gather_object(None, "report written")
     return 0 if run.passed() else 1
 
 
