@@ -58,7 +58,10 @@ def check_size(size: object, name: str = "size") -> tuple[int, ...]:
 
 
 def same_device(t: torch.Tensor, device: torch.device) -> bool:
-    """`cuda` without an index matches any CUDA tensor (the caller set the current device)."""
+    """`cuda` without an index matches any CUDA tensor (the caller set the current device).
+    Host tensors carry no index, so `cpu:0` matches every CPU tensor."""
+    if device.type == "cpu":
+        return t.device.type == "cpu"
     return t.device.type == device.type and (device.index is None or t.device.index == device.index)
 
 

@@ -606,6 +606,8 @@ def test_tensors_on_another_device_are_refused(torch_device, case):
         pytest.param("cuda:1", "cuda:0", False, id="cuda:1-refuses-cuda:0"),
         pytest.param("cuda", "cpu", False, id="cuda-refuses-cpu"),
         pytest.param("cpu", "cpu", True, id="cpu-takes-cpu"),
+        pytest.param("cpu:0", "cpu", True, id="cpu:0-takes-cpu"),
+        pytest.param("cpu:0", "cuda:0", False, id="cpu:0-refuses-cuda:0"),
         pytest.param("cpu", "cuda:0", False, id="cpu-refuses-cuda:0"),
     ],
 )
@@ -615,3 +617,20 @@ def test_the_device_rule_of_the_guards(device, tensor_on, same):
     tensor, so the rule that a GPU run applies to every table is checked on any machine."""
     t = SimpleNamespace(device=torch.device(tensor_on))
     assert guards.same_device(t, torch.device(device)) is same
+
+
+def test_a_cpu_device_with_an_index_builds_and_maps():
+    """`torch.device("cpu:0")` names the host as `cpu` does; its tensors report `cpu`, so the
+    guards must not refuse the tables built on it."""
+    bt = BlockTables([4], 2, 8, [4], torch.device("cpu:0"))
+    bt.append_block_ids(1, ([7, 9],), True)
+    bt.apply_staged_writes()
+    (table,) = bt.gather_block_tables(torch.tensor([1], dtype=torch.int32), 1)
+    assert table[0, :2].tolist() == [7, 9]
+    slots = bt.compute_slot_mappings(
+        torch.tensor([1], dtype=torch.int32),
+        torch.tensor([0, 2], dtype=torch.int32),
+        torch.tensor([1, 5], dtype=torch.int64),
+        2,
+    )
+    assert slots[0].tolist() == [7 * 4 + 1, 9 * 4 + 1]
