@@ -789,18 +789,22 @@ def test_a_gpus_constants_map_as_the_reference_on_cpu(layout):
 @pytest.mark.parametrize(
     ("max_num_reqs", "num_entries", "depth"),
     [
+        pytest.param(64, 64, 8, id="64-rows-64-entries"),
         pytest.param(32, 20, 8, id="32-rows-20-entries"),
         pytest.param(16, 16, 8, id="16-rows-16-entries"),
         pytest.param(8, 8, 4, id="8-rows-8-entries"),
     ],
 )
 def test_a_gpus_search_depth_finds_every_entry_on_cpu(max_num_reqs, num_entries, depth):
-    """The GPU's search depth (`max_num_reqs.bit_length()`, 6, 5 or 4 steps, rounded up to a
-    multiple of 4), run by the interpreter over one 512-token tile that spans every entry: a
+    """The GPU's search depth (`max_num_reqs.bit_length()`, 7, 6, 5 or 4 steps, rounded up to
+    a multiple of 4), run by the interpreter over one 512-token tile that spans every entry: a
     depth short of `bit_length(num_reqs)` leaves later entries' tokens with an earlier entry's
-    row. 16 entries take a fifth step (17 candidates), which a depth of 4 lacks; 8 entries a
-    fourth (9 candidates), which a depth of 3 lacks."""
-    config = _config(max_num_reqs=max_num_reqs, max_num_batched_tokens=600)
+    row. 64 entries take a seventh step (65 candidates), which a depth of 6 lacks; 16 entries
+    a fifth (17 candidates), which a depth of 4 lacks; 8 entries a fourth (9 candidates),
+    which a depth of 3 lacks. Positions run up to 30 times the entries (below 2,048)."""
+    config = _config(
+        max_num_reqs=max_num_reqs, max_num_batched_tokens=600, max_num_blocks_per_group=[128, 64]
+    )
     requests = [
         ((7 * b) % max_num_reqs if b % 5 else -1, 30 * b, 1 + b % 3) for b in range(num_entries)
     ]
