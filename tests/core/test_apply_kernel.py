@@ -147,6 +147,10 @@ def _apply(tensors: list[StagedWriteTensor], fused: bool) -> None:
             (2, 3), lambda base: base.view(2, 4)[:, 1:], (1, 1, [5, 6]),
             [0, 0, 0, 0, 0, 0, 5, 6], id="2d-rows-of-a-wider-pitch",
         ),
+        pytest.param(
+            (2, 3), lambda base: base.view(3, 4), (1, 1, [5, 6]),
+            [0, 0, 0, 0, 0, 5, 6, 0, 0, 0, 0, 0], id="2d-more-and-wider-rows",
+        ),
     ],
 )  # fmt: skip
 def test_a_replaced_gpu_tensor_is_written_through_its_strides(
@@ -155,7 +159,8 @@ def test_a_replaced_gpu_tensor_is_written_through_its_strides(
     """A `.gpu` replaced by a view of another tensor (as an engine reallocating its tables
     does): every write lands at its element of the view, whatever the view's row stride, and
     nothing else of the base tensor changes. A 1-D tensor holds one element a row, so its
-    stride is its row stride."""
+    stride is its row stride. A `.gpu` larger than the shape it was built with (more rows,
+    wider rows) holds every write checked against that shape, and is taken as it is."""
     t = StagedWriteTensor(shape, torch.int32, torch_device)
     base = torch.zeros(len(expected), dtype=torch.int32, device=torch_device)
     t.gpu = view(base)

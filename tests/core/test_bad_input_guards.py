@@ -82,6 +82,7 @@ def test_uninitialised_pointers_raise_instead_of_crashing():
         ("wrong-stride", r"output_strides\[1\] = 4 but tensors\[1\].gpu.stride\(0\) is 8"),
         ("swapped-ptrs", r"output_ptrs\[0\] = 0x[0-9a-f]+ but tensors\[0\].gpu.data_ptr\(\)"),
         ("short-ptrs", r"output_ptrs must be a 1-D uint64 or int64 tensor of 2 entries"),
+        ("0-d-ptrs", r"output_ptrs must be a 1-D uint64 .* got torch.uint64 of shape \(\)"),
         ("float-ptrs", r"output_ptrs must be a 1-D uint64 or int64 tensor .* got torch.float64"),
         ("not-a-tensor", r"output_ptrs must be a torch.Tensor, got list"),
         ("not-staged", r"tensors\[1\] must be a StagedWriteTensor, got Tensor"),
@@ -99,6 +100,8 @@ def test_fused_writer_refuses_bad_layouts_and_keeps_writes(torch_device, case, m
         args[1] = layout(tensors[::-1], torch_device)[0]
     elif case == "short-ptrs":
         args[1] = ptrs[:1]
+    elif case == "0-d-ptrs":
+        args[1] = ptrs[0]
     elif case == "float-ptrs":
         args[1] = torch.zeros(2, dtype=torch.float64, device=torch_device)
     elif case == "not-a-tensor":
