@@ -7,7 +7,6 @@ folder or a dropped target fails in the ordinary suite instead of in the slow co
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -193,20 +192,35 @@ def test_the_container_leg_waits_for_the_host_and_ends_if_it_is_gone(tmp_path):
     assert ready.returncode == 0, ready.stdout + ready.stderr
 
 
-def _collected(env_value: str | None, *paths: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k != "CPBT_CONTAINER_TESTS"}
+class _Items:
+    """A plugin that keeps the node ids a collection ends with (after deselection)."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.ids = [item.nodeid for item in session.items]
+
+
+def _collected(env_value: str | None, *args: str) -> list[str]:
+    """The tests a collection of `args` keeps, run in this process (a subprocess would
+    import torch and the suite again, three times over)."""
+    items = _Items()
+    saved = os.environ.pop("CPBT_CONTAINER_TESTS", None)
     if env_value is not None:
-        env["CPBT_CONTAINER_TESTS"] = env_value
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "--collect-only", *paths],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return [line for line in proc.stdout.splitlines() if "::" in line]
+        os.environ["CPBT_CONTAINER_TESTS"] = env_value
+    cwd = os.getcwd()
+    try:
+        os.chdir(ROOT)
+        code = pytest.main(["-q", "--collect-only", "-p", "no:xdist", "-p", "no:cacheprovider",
+                            *args], plugins=[items])  # fmt: skip
+    finally:
+        os.chdir(cwd)
+        os.environ.pop("CPBT_CONTAINER_TESTS", None)
+        if saved is not None:
+            os.environ["CPBT_CONTAINER_TESTS"] = saved
+    assert code == 0
+    return items.ids
 
 
 @pytest.mark.long
