@@ -11,6 +11,7 @@ Findings are check 10.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -133,7 +134,8 @@ def probe_integrity(
     must name one of the shared slots, and the environment variable alone must
     turn the checks on too. Rows 0 and 1 holding block 1 share its first slot,
     the first past the null block's. Rows 0 and 1 sharing slots above row 2's
-    unshared ones must be named too. A stale count, both ways: a row grown by
+    unshared ones must be named too, and so must one request alone in its batch
+    whose row holds one block twice. A stale count, both ways: a row grown by
     an append, and a row cut short by an overwrite with fewer blocks, after the
     last apply, then a gather of that row, alone and behind eight clean rows
     (`stale_behind_clean_rows`). `fused`:
@@ -165,6 +167,8 @@ def probe_integrity(
         found += _shared_slot(
             factory, args, ref, cp_rank, ids, min(span, args[2] // 3), ways, where, lower
         )
+    if n:
+        found += _block_twice_in_one_row(factory, args, ref, kwargs, cp_rank)
     stale = {"grown by an append": False, "cut short by an overwrite": True}
     two_fit = all(w >= 2 * m for w, m in zip(ref.rules.width, ref.rules.m))
     row = ref.rules.max_num_reqs - 1  # gathered into batch row 0: the message names one of them
@@ -268,6 +272,38 @@ def _shared_slot(
         what = f"{how} with rows 0 and 1 holding the same blocks (a shared slot{where}){note}"
         found += _expect_error(what, setup, cp_rank, shared_slots)
     return found
+
+
+def _block_twice_in_one_row(
+    factory: Callable, args: list, ref: ReferenceBlockTables, kwargs: dict, cp_rank: int
+) -> list[Violation]:
+    """One request whose row holds one block twice, alone in its batch: its tokens at
+    positions `q` and `C + q` share a slot, `C` a whole number of every group's block spans.
+    The other shared-slot probes batch two or three requests, so an explanation that finds
+    a token's batch entry wrong only when the batch has one entry names nothing there."""
+    rules = ref.rules
+    covers = [rules.block_sizes[g] * rules.group_cp[g] for g in range(rules.num_groups)]
+    c = math.lcm(*covers)
+    span = min(max(rules.group_cp) * rules.interleave, args[2] // 2, c)
+    ids = [[SHARED_ID] * -(-(c + span) // v) for v in covers]
+    if span < 1 or any(len(i) * m > w for i, m, w in zip(ids, rules.m, rules.width)):
+        return []
+    ref.append_block_ids(0, ids, True)
+    positions = [*range(span), *range(c, c + span)]
+    qsl = [0, 2 * span]
+    expected = ref.slot_mappings(np.arange(1), np.array(qsl), np.array(positions), 2 * span)
+    shared_slots = tuple(str(x) for row in expected for x in _repeats(row))
+    if not shared_slots:
+        return []
+    device = args[4]
+
+    def setup():
+        impl = filled(factory, args, kwargs, {0: ids})
+        idx, q, pos = i32([0], device), i32(qsl, device), i64(positions, device)
+        return lambda: impl.compute_slot_mappings(idx, q, pos, 2 * span)
+
+    what = f"compute_slot_mappings of one request whose row holds block {SHARED_ID} twice"
+    return _expect_error(what, setup, cp_rank, shared_slots)
 
 
 def _repeats(row: np.ndarray) -> list[int]:

@@ -94,6 +94,7 @@ INTEGRITY = {
     "ours_integrity_null_block_one_slot_long",
     "ours_integrity_names_slots_below_none",
     "ours_integrity_names_every_row_stale",
+    "ours_integrity_entry_by_parity",
 }
 # A CP size that is no power of two takes the sweep's `cp3-no-power-of-two`, exactly two groups
 # its `cp2-past-2-31`; `verify` catches them.

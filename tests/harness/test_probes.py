@@ -14,6 +14,7 @@ from tests.wrong_impls.catalogue_contract import (
     STAND_IN_SIGNATURE,
     InterleaveNotChecked,
     KernelBlocksNotChecked,
+    OursIntegrityEntryByParity,
     OursIntegrityNamesCutRows,
     OursIntegrityNamesEveryRowStale,
     OursIntegrityNamesMatchingGroups,
@@ -149,6 +150,15 @@ def test_a_construction_that_grows_with_the_block_size_is_check_9(preset):
     found = _findings(OursOffsetBitsPerBlock, preset, ranks=[0])
     assert [(v.check, v.expected) for v in found] == [(9, "it builds and maps")], found
     assert found[0].actual.startswith("MemoryError") and "legal" in found[0].what
+
+
+@pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])
+def test_a_block_twice_in_one_lone_request_must_be_named(preset):
+    """The other shared-slot probes batch two or three requests, where a batch entry found
+    by parity stays in range; one request alone sends it past `idx_mapping`."""
+    found = _findings(OursIntegrityEntryByParity, preset, ranks=[0])
+    assert [v.check for v in found] == [10], [v.describe() for v in found]
+    assert "holds block" in found[0].what and found[0].actual.startswith("IndexError")
 
 
 @pytest.mark.parametrize("preset", ["mutation", "mutation-cp1", "kbs-cp4", "cp2-i1"])

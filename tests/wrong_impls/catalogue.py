@@ -15,6 +15,7 @@ from __future__ import annotations
 from .catalogue_contract import (
     InterleaveNotChecked,
     KernelBlocksNotChecked,
+    OursIntegrityEntryByParity,
     OursIntegrityNamesCutRows,
     OursIntegrityNamesEveryRowStale,
     OursIntegrityNamesMatchingGroups,
@@ -149,5 +150,6 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_offset_bits_per_block": _entry(OursOffsetBitsPerBlock, 9),
     "ours_integrity_names_every_row_stale": _entry(OursIntegrityNamesEveryRowStale, 10),
     "ours_positions_checked_on_disabled_groups": _entry(OursPositionsCheckedOnDisabledGroups, 9),
+    "ours_integrity_entry_by_parity": _entry(OursIntegrityEntryByParity, 10),
 }
 """name -> (`--impl` spec, the check that must report it)."""

@@ -172,6 +172,28 @@ class OursIntegrityNamesSlotsBelowNone(BlockTables):
         raise integrity.IntegrityError("compute_slot_mappings: " + "; ".join(named))
 
 
+class OursIntegrityEntryByParity(BlockTables):
+    """The slot check's explanation finds a token's batch entry as the parity of its
+    search: it misnames entries in batches of two or three requests, and raises
+    `IndexError`, not the integrity error, when one request alone holds a block twice."""
+
+    def _check_slots(self, *args) -> None:
+        right = integrity._token_names
+
+        def by_parity(idx_mapping, qsl, positions):
+            def name(t: int) -> str:
+                b = int(np.searchsorted(qsl, t, side="right")) & 1
+                return f"token {t} (batch entry {b}, row {int(idx_mapping[b])})"
+
+            return name
+
+        integrity._token_names = by_parity
+        try:
+            super()._check_slots(*args)
+        finally:
+            integrity._token_names = right
+
+
 class OursIntegrityNamesEveryRowStale(BlockTables):
     """The gather check's explanation lists every real row as a stale count, eight a group,
     whether or not its published count differs: a stale row behind eight clean ones is
