@@ -253,3 +253,18 @@ def test_method_refuses_and_changes_nothing(bt, call, message):
     with pytest.raises((ValueError, RuntimeError), match=message):
         call(bt)
     assert_same(before, state(bt))
+
+
+def test_a_position_past_an_enabled_table_is_refused_after_a_disabled_group():
+    """A group without slot mapping bounds no position (SPEC.md 3), but every enabled group
+    after it still does: position 64 lies inside disabled group 0's table (8 blocks of 16)
+    and past enabled group 1's (2 blocks of 32), so it is refused, and nothing changes."""
+    t = BlockTables(
+        **{**GOOD, "max_num_blocks_per_group": [8, 2], "slot_mapping_enabled": [False, True]}
+    )
+    t.append_block_ids(1, ([5, 6], [7]), False)
+    t.apply_staged_writes()
+    before = state(t)
+    with pytest.raises(ValueError, match=r"position 64 lies past group 1's table \(2 blocks"):
+        t.compute_slot_mappings(I32(1), I32(0, 1), I64(64), 1)
+    assert_same(before, state(t))
