@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from refusals import GOOD, I32, I64, assert_same, state, with_one_row
@@ -268,3 +270,16 @@ def test_a_position_past_an_enabled_table_is_refused_after_a_disabled_group():
     with pytest.raises(ValueError, match=r"position 64 lies past group 1's table \(2 blocks"):
         t.compute_slot_mappings(I32(1), I32(0, 1), I64(64), 1)
     assert_same(before, state(t))
+
+
+@pytest.mark.parametrize(
+    ("device", "by_default"), [("cpu", True), ("cuda", False), ("cuda:1", False)]
+)
+def test_values_are_checked_by_default_on_cpu_only(device, by_default):
+    """docs/contract-notes.md: `validate_inputs = None` (the default) checks the values of
+    the calls on CPU and not on CUDA, where the check costs a synchronisation per step;
+    `True` and `False` hold on every device. Read through a stand-in holding the device,
+    so the CUDA rule is tested without a GPU."""
+    for setting, checked in ((None, by_default), (True, True), (False, False)):
+        stand_in = SimpleNamespace(validate_inputs=setting, device=torch.device(device))
+        assert BlockTables._validating(stand_in) is checked, setting
