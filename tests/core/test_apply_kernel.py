@@ -151,6 +151,11 @@ def _apply(tensors: list[StagedWriteTensor], fused: bool) -> None:
             (2, 3), lambda base: base.view(3, 4), (1, 1, [5, 6]),
             [0, 0, 0, 0, 0, 5, 6, 0, 0, 0, 0, 0], id="2d-more-and-wider-rows",
         ),
+        pytest.param(
+            (2, 2, 3), lambda base: base.view(2, 9)[:, 3:].view(2, 2, 3), (1, 1, [5, 6]),
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 6, 0, 0, 0],
+            id="3d-rows-of-a-wider-pitch",
+        ),
     ],
 )  # fmt: skip
 def test_a_replaced_gpu_tensor_is_written_through_its_strides(
@@ -159,8 +164,9 @@ def test_a_replaced_gpu_tensor_is_written_through_its_strides(
     """A `.gpu` replaced by a view of another tensor (as an engine reallocating its tables
     does): every write lands at its element of the view, whatever the view's row stride, and
     nothing else of the base tensor changes. A 1-D tensor holds one element a row, so its
-    stride is its row stride. A `.gpu` larger than the shape it was built with (more rows,
-    wider rows) holds every write checked against that shape, and is taken as it is."""
+    stride is its row stride; a 3-D one holds a row in its last two dimensions, which must be
+    contiguous together. A `.gpu` larger than the shape it was built with (more rows, wider
+    rows) holds every write checked against that shape, and is taken as it is."""
     t = StagedWriteTensor(shape, torch.int32, torch_device)
     base = torch.zeros(len(expected), dtype=torch.int32, device=torch_device)
     t.gpu = view(base)
