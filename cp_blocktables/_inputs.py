@@ -18,6 +18,9 @@ from . import guards
 from .contract import INT32_MAX, BlockTablesConfig
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
+_POSITION_LIMIT = 2**62
+"""Positions at or past it map to `PAD_SLOT_ID` (`kernels.slot_programs.token_positions`
+keeps the slot arithmetic of int64 positions clear of overflow): refused when validating."""
 
 
 class InputChecks:
@@ -204,6 +207,8 @@ class InputChecks:
             return
         if pos.min() < 0:
             raise ValueError(f"positions must be >= 0, got {int(pos.min())}")
+        if pos.max() >= _POSITION_LIMIT:
+            raise ValueError(f"positions must be below 2**62, got {int(pos.max())}")
         cfg = self.config
         for g in range(self.num_kv_cache_groups):
             if not cfg.slot_mapping_enabled[g]:

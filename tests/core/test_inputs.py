@@ -136,3 +136,30 @@ def test_a_numpy_row_is_taken_with_any_number_of_groups():
     bt.append_block_ids(np.int64(1), tuple([g + 1] for g in range(n)), False)
     assert bt.num_blocks.np[:, 1].tolist() == [1] * n
     assert [t._staged_write_contents for t in bt.block_tables] == [[g + 1] for g in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("position", "validate", "slot"),
+    [
+        pytest.param(2**62 - 1, True, 3 * 2**61 - 1, id="last-below-2**62-maps"),
+        pytest.param(2**62, False, -1, id="2**62-unchecked-pads"),
+        pytest.param(2**62, True, None, id="2**62-refused"),
+    ],
+)
+def test_positions_are_bounded_by_2_62_in_a_table_that_spans_more(position, validate, slot):
+    """Blocks of 2**61 tokens in four columns span 2**63 positions, past the slot arithmetic's
+    int64 bound for positions: 2**62 - 1 maps (block 2 of row 0, ids 1 to 4); 2**62 maps to
+    PAD unchecked, as a position outside a table does, and checked is refused by name,
+    changing nothing."""
+    bt = BlockTables([2**61], 2, 8, [4], torch.device("cpu"))
+    bt.validate_inputs = validate
+    bt.append_block_ids(0, ([1, 2, 3, 4],), True)
+    bt.apply_staged_writes()
+    args = (I32(0), I32(0, 1), I64(position), 1)
+    if slot is not None:
+        assert bt.compute_slot_mappings(*args)[0, :1].tolist() == [slot]
+        return
+    before = state(bt)
+    with pytest.raises(ValueError, match=rf"positions must be below 2\*\*62, got {2**62}"):
+        bt.compute_slot_mappings(*args)
+    assert_same(before, state(bt))
