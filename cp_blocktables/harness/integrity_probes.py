@@ -302,7 +302,7 @@ def _block_twice_in_one_row(
         idx, q, pos = i32([0], device), i32(qsl, device), i64(positions, device)
         return lambda: impl.compute_slot_mappings(idx, q, pos, 2 * span)
 
-    what = f"compute_slot_mappings of one request whose row holds block {SHARED_ID} twice"
+    what = f"compute_slot_mappings of one request holding block {SHARED_ID} twice (a shared slot)"
     return _expect_error(what, setup, cp_rank, shared_slots)
 
 

@@ -196,24 +196,30 @@ def probe_huge_blocks(factory: Callable, args: list, kwargs: dict, cp_rank: int)
     if kwargs.get("kernel_block_sizes") is not None:
         kw["kernel_block_sizes"] = [k * f for k, f in zip(kwargs["kernel_block_sizes"], scale)]
     device = args[4]
-    try:
+
+    def call() -> None:
         impl = factory(huge, *args[1:], **kw)
         impl.append_block_ids(0, tuple([_HUGE_ID] for _ in huge), True)
         impl.apply_staged_writes()
         positions = i64([5, (1 << (_HUGE_BITS - 1)) - 1], device)
         impl.compute_slot_mappings(i32([0], device), i32([0, 2], device), positions, 2)
-    except Exception as e:  # noqa: BLE001 - a legal config that fails is the finding
-        return [
-            Violation(
-                CONSTRUCTION,
-                f"construction with block sizes {huge}, one row and one slot mapping (legal: "
-                "SPEC.md bounds only the slots)",
-                -1,
-                rank=cp_rank,
-                expected="it builds and maps",
-                actual=f"{type(e).__name__}: {e}"[:300],
-            )
-        ]
+
+    what = (
+        f"construction with block sizes {huge}, one row and one slot mapping (legal: "
+        "SPEC.md bounds only the slots)"
+    )
+    return _legal_call(what, "it builds and maps", call, cp_rank)
+
+
+def _legal_call(
+    what: str, expected: str, call: Callable[[], None], cp_rank: int
+) -> list[Violation]:
+    """A legal `call` must not raise: whatever it raises is the finding (check 9)."""
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - a legal call that fails is the finding
+        actual = f"{type(e).__name__}: {e}"[:300]
+        return [Violation(CONSTRUCTION, what, -1, rank=cp_rank, expected=expected, actual=actual)]
     return []
 
 
@@ -249,25 +255,18 @@ def probe_disabled_group_positions(
         return []
     ids = tuple(list(range(1, position // v + 2)) if on else [1] for v, on in zip(span, enabled))
     kw = {**kwargs, "slot_mapping_enabled": enabled}
-    try:
+
+    def call() -> None:
         impl = factory(block_sizes, args[1], args[2], short, device, **kw)
         impl.append_block_ids(0, ids, True)
         impl.apply_staged_writes()
-        impl.compute_slot_mappings(
-            i32([0], device), i32([0, 1], device), i64([position], device), 1
-        )
-    except Exception as e:  # noqa: BLE001 - a legal call that fails is the finding
-        disabled = [g for g, on in enumerate(enabled) if not on]
-        return [
-            Violation(
-                CONSTRUCTION,
-                f"slot mapping of position {position}, past the one-block tables of groups "
-                f"{disabled} without slot mapping and inside every other group's (legal: "
-                "SPEC.md 3 maps a disabled group's tokens to PAD_SLOT_ID)",
-                -1,
-                rank=cp_rank,
-                expected="it maps",
-                actual=f"{type(e).__name__}: {e}"[:300],
-            )
-        ]
-    return []
+        tokens = i32([0, 1], device), i64([position], device)
+        impl.compute_slot_mappings(i32([0], device), *tokens, 1)
+
+    disabled = [g for g, on in enumerate(enabled) if not on]
+    what = (
+        f"slot mapping of position {position}, past the one-block tables of groups "
+        f"{disabled} without slot mapping and inside every other group's (legal: "
+        "SPEC.md 3 maps a disabled group's tokens to PAD_SLOT_ID)"
+    )
+    return _legal_call(what, "it maps", call, cp_rank)

@@ -158,7 +158,7 @@ def test_a_block_twice_in_one_lone_request_must_be_named(preset):
     by parity stays in range; one request alone sends it past `idx_mapping`."""
     found = _findings(OursIntegrityEntryByParity, preset, ranks=[0])
     assert [v.check for v in found] == [10], [v.describe() for v in found]
-    assert "holds block" in found[0].what and found[0].actual.startswith("IndexError")
+    assert "holding block" in found[0].what and found[0].actual.startswith("IndexError")
 
 
 @pytest.mark.parametrize("preset", ["mutation", "mutation-cp1", "kbs-cp4", "cp2-i1"])
