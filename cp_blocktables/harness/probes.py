@@ -10,10 +10,11 @@ contract are about calls that must raise, and no legal workload makes them:
   gather that reads a count never published, and a gathered row that differs
   from its source raise `RuntimeError`.
 
-Two more must succeed: a legal config whose blocks are far larger than any
-preset's (SPEC.md bounds only the slots) must build and map, and so must a
+Three more must succeed: a legal config whose blocks are far larger than any
+preset's (SPEC.md bounds only the slots) must build and map, so must a
 position past the table of a group without slot mapping (SPEC.md 3: that
-group's slots are all `PAD_SLOT_ID`, whatever the position).
+group's slots are all `PAD_SLOT_ID`, whatever the position), and a model of
+257 groups must build and apply (SPEC.md 1: 0..N groups).
 
 An implementation that skips a rule computes every legal step right, so only
 a probe can tell. Each probe starts from the preset's own valid constructor
@@ -39,6 +40,9 @@ from .violations import Violation
 CONSTRUCTION = 9
 _HUGE_BITS = 44  # the huge-block probe scales every block size to [2**43, 2**45)
 _HUGE_ID = 3  # the block id row 0 holds there: its slots, below 4 * 2**45, fit int64
+_MANY_GROUPS = 257  # one past the ints CPython shares: a length compared by identity fails
+_MANY_GROUPS_FROM = 6  # presets of this many groups or more probe it (`groups-6`)
+_PER_GROUP = ("slot_mapping_enabled", "dcp_sharded", "sliding_window_reach", "kernel_block_sizes")
 
 
 @dataclass
@@ -124,6 +128,8 @@ def run_probes(
     found += probe_huge_blocks(factory, args, kwargs, cp_rank)
     if accepts.accepts("slot_mapping_enabled"):
         found += probe_disabled_group_positions(factory, args, kwargs, cp_rank)
+    if len(cfg.block_sizes) >= _MANY_GROUPS_FROM:
+        found += probe_many_groups(factory, args, kwargs, cp_rank)
     if kwargs.get("integrity_checks"):
         found += probe_integrity(factory, args, kwargs, cp_rank, fused)
     return found
@@ -270,3 +276,33 @@ def probe_disabled_group_positions(
         "SPEC.md 3 maps a disabled group's tokens to PAD_SLOT_ID)"
     )
     return _legal_call(what, "it maps", call, cp_rank)
+
+
+def probe_many_groups(factory: Callable, args: list, kwargs: dict, cp_rank: int) -> list[Violation]:
+    """A model of 257 KV-cache groups must build, take a row and apply it.
+
+    SPEC.md 1 allows any number of groups; the sweep's presets have at most
+    six. 257 is one past the small ints CPython shares, so a length compared
+    by identity (`is not` for `!=`) refuses a correct tensor of 257 entries.
+    The preset's groups repeat to 257, every per-group argument with them.
+    Only the apply runs: a gather or slot mapping over 257 groups costs
+    seconds in the interpreter, and presets of six groups or more probe it.
+    """
+    n = len(args[0])
+    if n < 1 or args[1] < 1:
+        return []
+    cycle = [g % n for g in range(_MANY_GROUPS)]
+    kw = dict(kwargs)
+    for key in _PER_GROUP:
+        if kwargs.get(key) is not None:
+            kw[key] = [kwargs[key][g] for g in cycle]
+    block_sizes = [args[0][g] for g in cycle]
+    max_blocks = [args[3][g] for g in cycle]
+
+    def call() -> None:
+        impl = factory(block_sizes, args[1], args[2], max_blocks, args[4], **kw)
+        impl.append_block_ids(0, tuple([1 + g] for g in range(_MANY_GROUPS)), True)
+        impl.apply_staged_writes()
+
+    what = f"construction, one append and one apply with {_MANY_GROUPS} groups (legal: SPEC.md 1)"
+    return _legal_call(what, "it builds and applies", call, cp_rank)

@@ -97,8 +97,8 @@ INTEGRITY = {
     "ours_integrity_entry_by_parity",
 }
 # A CP size that is no power of two takes the sweep's `cp3-no-power-of-two`, exactly two groups
-# its `cp2-past-2-31`; `verify` catches them.
-LAYOUTS = {"cp_modulo_as_mask", "ours_two_groups_unfused"}
+# its `cp2-past-2-31`, 257 groups the probe of `groups-6`; `verify` catches them.
+LAYOUTS = {"cp_modulo_as_mask", "ours_two_groups_unfused", "ours_lengths_by_identity"}
 DRILLED = {
     n: entry for n, entry in CATALOGUE.items() if n not in SIZE_REGIMES | INTEGRITY | LAYOUTS
 }

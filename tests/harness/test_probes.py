@@ -22,6 +22,7 @@ from tests.wrong_impls.catalogue_contract import (
     OursIntegrityNeverOn,
     OursIntegrityNullBlockOneSlotLong,
     OursIntegrityTrustsDeviceCounts,
+    OursLengthsByIdentity,
     OursOffsetBitsPerBlock,
     OursPositionsCheckedOnDisabledGroups,
     RankWrapped,
@@ -38,6 +39,7 @@ PRESETS = [
     "kbs-cp4",
     "cp4-interleave",
     "cp2-i1",  # integrity checks on and 16 rows: the fault behind rows cut short
+    "groups-6",  # six groups: 257 of them built and applied
 ]
 
 
@@ -150,6 +152,14 @@ def test_a_construction_that_grows_with_the_block_size_is_check_9(preset):
     found = _findings(OursOffsetBitsPerBlock, preset, ranks=[0])
     assert [(v.check, v.expected) for v in found] == [(9, "it builds and maps")], found
     assert found[0].actual.startswith("MemoryError") and "legal" in found[0].what
+
+
+def test_a_model_of_257_groups_must_build_and_apply():
+    """`groups-6` probes 257 groups (its six, repeated): a length compared by identity
+    passes every preset and fails there, one past the ints CPython shares."""
+    found = _findings(OursLengthsByIdentity, "groups-6", ranks=[0])
+    assert [(v.check, v.expected) for v in found] == [(9, "it builds and applies")], found
+    assert found[0].actual.startswith("ValueError: block_table_ptrs") and "257" in found[0].what
 
 
 @pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])

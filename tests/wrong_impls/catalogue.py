@@ -23,6 +23,7 @@ from .catalogue_contract import (
     OursIntegrityNeverOn,
     OursIntegrityNullBlockOneSlotLong,
     OursIntegrityTrustsDeviceCounts,
+    OursLengthsByIdentity,
     OursOffsetBitsPerBlock,
     OursPositionsCheckedOnDisabledGroups,
     RankWrapped,
@@ -151,5 +152,6 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_integrity_names_every_row_stale": _entry(OursIntegrityNamesEveryRowStale, 10),
     "ours_positions_checked_on_disabled_groups": _entry(OursPositionsCheckedOnDisabledGroups, 9),
     "ours_integrity_entry_by_parity": _entry(OursIntegrityEntryByParity, 10),
+    "ours_lengths_by_identity": _entry(OursLengthsByIdentity, 9),
 }
 """name -> (`--impl` spec, the check that must report it)."""

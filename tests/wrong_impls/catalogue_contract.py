@@ -79,6 +79,16 @@ class OursPositionsCheckedOnDisabledGroups(BlockTables):
         )
 
 
+class OursLengthsByIdentity(BlockTables):
+    """Checks the pointer tensor's length by identity (`is not` for `!=`): CPython shares
+    ints only up to 256, so every model up to 256 groups applies and one of 257 is refused."""
+
+    def apply_staged_writes(self) -> None:
+        if self.block_table_ptrs.shape[0] is not len(self.block_tables):
+            raise ValueError(f"block_table_ptrs must have {len(self.block_tables)} entries")
+        super().apply_staged_writes()
+
+
 class OursIntegrityNeverOn(BlockTables):
     """Takes `integrity_checks` and ignores it: the checks of SPEC.md 8.3 never run."""
 
