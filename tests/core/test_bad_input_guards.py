@@ -493,6 +493,24 @@ def test_the_cuda_pointer_cache_reads_a_tensor_again_once_it_or_its_destinations
         guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)
 
 
+def test_host_pointer_checks_leave_the_cuda_pointer_cache_alone(monkeypatch):
+    """Only CUDA pointer tensors are remembered (on CPU a read costs no synchronisation):
+    checking more host tensors than the cache holds, as a CPU `BlockTables` beside a CUDA
+    one in the same process does (SPEC.md 5), evicts no verified CUDA tensor, which is
+    still not read again. (tests/core/test_cuda.py holds the same on a real CUDA tensor.)"""
+    monkeypatch.setattr(guards, "_verified", {})
+    monkeypatch.setattr(_CudaLookingReads, "reads", 0)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    want = [0x1000, 0x2000]
+    t = torch.tensor(want, dtype=torch.int64).as_subclass(_CudaLookingReads)
+    guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)  # read and remembered
+    host = [torch.tensor([i, i + 1], dtype=torch.int64) for i in range(guards._CACHE_LIMIT)]
+    for i, h in enumerate(host):
+        guards.check_address_tensor(h, [i, i + 1], "ptrs", "want[{i}]", cpu)
+    guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)
+    assert _CudaLookingReads.reads == 1
+
+
 def test_slot_mappings_refuse_an_out_with_overlapping_rows(torch_device):
     bt = _bt_with_rows(torch_device)
     out = torch.full((1, 64), 9, dtype=torch.int64, device=torch_device).expand(2, 64)

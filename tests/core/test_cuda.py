@@ -204,6 +204,25 @@ def test_a_remembered_address_tensor_is_read_again_once_it_or_its_destinations_c
         guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)
 
 
+def test_host_pointer_checks_do_not_evict_verified_cuda_tensors(monkeypatch):
+    """Only CUDA pointer tensors are remembered: checking more host tensors than the cache
+    holds (a CPU `BlockTables` beside a CUDA one, SPEC.md 5) leaves a verified CUDA tensor
+    remembered, so checking it again reads nothing: no synchronisation."""
+    monkeypatch.setattr(guards, "_verified", {})
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    want = [0x1000, 0x2000]
+    t = torch.tensor(want, dtype=torch.int64, device=cuda)
+    guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)  # read and remembered
+    host = [torch.tensor([i], dtype=torch.int64) for i in range(guards._CACHE_LIMIT)]
+    for i, h in enumerate(host):
+        guards.check_address_tensor(h, [i], "ptrs", "want[{i}]", cpu)
+    torch.cuda.set_sync_debug_mode("error")  # a host read of a CUDA tensor now raises
+    try:
+        guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 def test_remembered_address_tensors_fill_the_cache_but_never_pass_its_limit(monkeypatch):
     """The cache of verified CUDA pointer tensors grows to `_CACHE_LIMIT` entries, no more."""
     monkeypatch.setattr(guards, "_verified", {})
