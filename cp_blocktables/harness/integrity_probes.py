@@ -255,8 +255,7 @@ def _shared_slot(
     k = len(held)
     positions = list(range(span)) * k
     qsl = [span * r for r in range(k + 1)]
-    expected = ref.slot_mappings(np.arange(k), np.array(qsl), np.array(positions), k * span)
-    shared_slots = tuple(str(x) for row in expected for x in _repeats(row))
+    shared_slots = _shared_by_reference(ref, qsl, positions)
     if not shared_slots:
         return []
     device, found = args[4], []
@@ -291,8 +290,7 @@ def _block_twice_in_one_row(
     ref.append_block_ids(0, ids, True)
     positions = [*range(span), *range(c, c + span)]
     qsl = [0, 2 * span]
-    expected = ref.slot_mappings(np.arange(1), np.array(qsl), np.array(positions), 2 * span)
-    shared_slots = tuple(str(x) for row in expected for x in _repeats(row))
+    shared_slots = _shared_by_reference(ref, qsl, positions)
     if not shared_slots:
         return []
     device = args[4]
@@ -304,6 +302,14 @@ def _block_twice_in_one_row(
 
     what = f"compute_slot_mappings of one request holding block {SHARED_ID} twice (a shared slot)"
     return _expect_error(what, setup, cp_rank, shared_slots)
+
+
+def _shared_by_reference(ref: ReferenceBlockTables, qsl: list, positions: list) -> tuple:
+    """The slots two tokens share when batch entries `0..len(qsl)-2` (rows of the same
+    numbers) map `positions`, as the reference maps them: the numbers an error must name."""
+    rows = np.arange(len(qsl) - 1)
+    expected = ref.slot_mappings(rows, np.array(qsl), np.array(positions), len(positions))
+    return tuple(str(x) for row in expected for x in _repeats(row))
 
 
 def _repeats(row: np.ndarray) -> list[int]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .features import Accepts
-from .integrity_probes import names_number, probe_integrity
+from .integrity_probes import names_number, probe_integrity, probe_reference
 from .planted import i32, i64
 from .violations import Violation
 
@@ -42,7 +42,12 @@ _HUGE_BITS = 44  # the huge-block probe scales every block size to [2**43, 2**45
 _HUGE_ID = 3  # the block id row 0 holds there: its slots, below 4 * 2**45, fit int64
 _MANY_GROUPS = 257  # one past the ints CPython shares: a length compared by identity fails
 _MANY_GROUPS_FROM = 6  # presets of this many groups or more probe it (`groups-6`)
-_PER_GROUP = ("slot_mapping_enabled", "dcp_sharded", "sliding_window_reach", "kernel_block_sizes")
+_PER_GROUP_DEFAULTS = {  # the optional per-group lists of SPEC.md 3 and 8.1, and their default
+    "slot_mapping_enabled": True,
+    "dcp_sharded": True,
+    "sliding_window_reach": 0,
+    "kernel_block_sizes": None,  # the group's block size
+}
 
 
 @dataclass
@@ -79,13 +84,7 @@ def _refusals(args: list, kwargs: dict, accepts: Accepts) -> list[_Refusal]:
         g = n - 1
         arg(f"block_sizes[{g}]=0", 0, [*block_sizes[:g], 0], "block_sizes")
         arg(f"{blocks}[{g}]=0", 3, [*max_blocks[:g], 0], blocks)
-    defaults = {
-        "slot_mapping_enabled": True,
-        "dcp_sharded": True,
-        "sliding_window_reach": 0,
-        "kernel_block_sizes": None,
-    }
-    for key, pad in defaults.items():
+    for key, pad in _PER_GROUP_DEFAULTS.items():
         current = kwargs.get(key)
         if current is None:
             current = list(block_sizes) if key == "kernel_block_sizes" else [pad] * n
@@ -252,9 +251,8 @@ def probe_disabled_group_positions(
         enabled[-1] = False
     if not any(enabled):
         return []
-    cp = int(kwargs.get("cp_size", 1))
-    sharded = kwargs.get("dcp_sharded") or [True] * n
-    span = [b * (cp if sharded[g] else 1) for g, b in enumerate(block_sizes)]  # V of each group
+    rules = probe_reference(args, kwargs, cp_rank).rules
+    span = [b * c for b, c in zip(block_sizes, rules.group_cp)]  # V of each group
     short = [m if on else 1 for on, m in zip(enabled, max_blocks)]
     position = max(v for v, on in zip(span, enabled) if not on)
     if any(on and position >= v * m for v, on, m in zip(span, enabled, max_blocks)):
@@ -293,7 +291,7 @@ def probe_many_groups(factory: Callable, args: list, kwargs: dict, cp_rank: int)
         return []
     cycle = [g % n for g in range(_MANY_GROUPS)]
     kw = dict(kwargs)
-    for key in _PER_GROUP:
+    for key in _PER_GROUP_DEFAULTS:
         if kwargs.get(key) is not None:
             kw[key] = [kwargs[key][g] for g in cycle]
     block_sizes = [args[0][g] for g in cycle]

@@ -206,19 +206,13 @@ def _collected(env_value: str | None, *args: str) -> list[str]:
     """The tests a collection of `args` keeps, run in this process (a subprocess would
     import torch and the suite again, three times over)."""
     items = _Items()
-    saved = os.environ.pop("CPBT_CONTAINER_TESTS", None)
-    if env_value is not None:
-        os.environ["CPBT_CONTAINER_TESTS"] = env_value
-    cwd = os.getcwd()
-    try:
-        os.chdir(ROOT)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        mp.delenv("CPBT_CONTAINER_TESTS", raising=False)
+        if env_value is not None:
+            mp.setenv("CPBT_CONTAINER_TESTS", env_value)
         code = pytest.main(["-q", "--collect-only", "-p", "no:xdist", "-p", "no:cacheprovider",
                             *args], plugins=[items])  # fmt: skip
-    finally:
-        os.chdir(cwd)
-        os.environ.pop("CPBT_CONTAINER_TESTS", None)
-        if saved is not None:
-            os.environ["CPBT_CONTAINER_TESTS"] = saved
     assert code == 0
     return items.ids
 
