@@ -24,8 +24,9 @@ $(STAMP): pyproject.toml
 
 # Tests go to the workers one at a time, the `long` ones first (tests/conftest.py): on two
 # cores a long test handed out last leaves the other worker idle for its whole length.
+# The 25 slowest tests are listed at the end: where CI's time goes.
 test: $(STAMP)
-	$(PY) -m pytest -n auto --maxschedchunk 1 $(PYTEST_ARGS)
+	$(PY) -m pytest -n auto --maxschedchunk 1 --durations 25 $(PYTEST_ARGS)
 
 # The default preset sweep (cp_size 1, 2, 4 and 8) on CPU: 8 spawned gloo ranks.
 verify: $(STAMP)
