@@ -113,14 +113,18 @@ class Comm:
     def device(self) -> torch.device:
         """The rank's device: its own GPU under NCCL; under gloo the CPU, or a GPU shared
         round robin by the host's ranks with `device="cuda"`, or with `device="auto"`
-        when the census chose gloo because the host has fewer GPUs than ranks."""
+        when the census chose gloo because the host has fewer GPUs than ranks.
+
+        The CPU is `cpu` on even ranks and `cpu:0` on odd ones: an engine names its
+        device with an index (`cuda:3`), and a tensor on the CPU reports none, so an
+        implementation that compares devices by index refuses its own tables."""
         gpu = self.placement.host_index if self.placement else self.env.local_rank
         if self.backend == "nccl":
             return torch.device("cuda", gpu)
         shared = self.placement is not None and self.placement.shares_gpus
         if self._device == "cuda" or (self._device == "auto" and shared):
             return torch.device("cuda", gpu % torch.cuda.device_count())
-        return torch.device("cpu")
+        return torch.device("cpu", 0) if self.rank % 2 else torch.device("cpu")
 
     @property
     def backend_note(self) -> str:

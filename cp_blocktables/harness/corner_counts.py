@@ -39,6 +39,7 @@ class _CornerCounts:
         short = 0 < step.num_reqs <= 2 and step.num_tokens <= 64
         c["short_step_long_buffer"] += short and self.cfg.max_num_batched_tokens > 8192
         c["full_batch"] += step.num_reqs == self.cfg.max_num_reqs
+        c["wide_gather"] += step.num_reqs_padded > 16 and self._widest_table() > 2048
         # The buffer's last entry holds a real request's token.
         rows = step.token_rows()[0]
         c["full_step"] += bool(
@@ -52,6 +53,13 @@ class _CornerCounts:
         self.rows_high = max(self.rows_high, step.num_reqs_padded)
         if step.kind == "real":
             self._count_small_slots_beside_pad(step)
+
+    def _widest_table(self) -> int:
+        """Columns of the widest table: a gather of more than 16 rows of more than 2,048
+        columns (`wide_gather`) is over 32K entries, several programs of several rows on
+        every tiling of up to 65,536 entries (the interpreter's) or of 2,048 (a GPU's)."""
+        cfg = self.cfg
+        return max((cfg.table_width(g) for g in range(self.num_groups)), default=0)
 
     def _count_small_slots_beside_pad(self, step: Step) -> None:
         """`small_slot_beside_pad`: a rank writes slot `2 - t` of a group while token `t`
@@ -161,7 +169,20 @@ class _CornerCounts:
                     cols = np.arange(req.nct, req.nct + n) // self.virtual[g]
                     blocks = np.asarray(req.blocks[g], dtype=np.int64)[cols]
                     c["slot_past_2_31"] += int((blocks * cfg.block_sizes[g] >= 2**31).sum())
+                    c["unit_block_past_width"] += self._past_unit_width(g, req.nct, n)
         self._count_far_corners(scheduled)
+
+    def _past_unit_width(self, g: int, start: int, n: int) -> int:
+        """`unit_block_past_width`: positions `[start, start + n)` at or past the width in
+        blocks of a sharded group of block size 1 under CP. One block holds one slot, so
+        only the virtual block (SPEC.md section 2: `block_size * cp_size` positions) reaches
+        them, and a span taken with any other factor of 1 (`block_size ** cp_size`, the
+        block size alone) refuses legal positions."""
+        cfg = self.cfg
+        if cfg.block_sizes[g] != 1 or not cfg.dcp_sharded[g] or cfg.group_cp_size(g) < 2:
+            return 0
+        width = cfg.table_width(g)
+        return max(0, start + n - max(start, width))
 
     def _count_far_corners(self, scheduled: list[tuple[_Request, int]]) -> None:
         """Tokens mapped at positions past 2**31 (`Preset.far_start`), where the slot

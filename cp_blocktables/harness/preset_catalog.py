@@ -131,7 +131,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         description="cp 2, interleave 1: sharded, unsharded and disabled groups side by side; "
         "integrity checks on (SPEC.md 8.3: no false alarm, and the probes' faults raise), "
         "with a group of block size 2 whose ids start at 1: slots 1 and 2 beside tokens "
-        "without a slot",
+        "without a slot, and a group of block size 1",
         groups=(
             GroupSpec(16),
             GroupSpec(32, sharded=False),
@@ -139,6 +139,8 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
             GroupSpec(8),
             # Block 1 holds slots 2 and 3: slot 2 beside a token 0 that a rank does not own.
             GroupSpec(2, first_block_id=1),
+            # One slot a block: the row's width in blocks is half the positions it covers.
+            GroupSpec(1),
         ),
         block_id_base=2**16,  # the other groups' ids lie above group 4's
         cp_size=2,
@@ -157,7 +159,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         | COMMON
         | {"profiled_rows_reclaimed"}
         | {"interleave_1", "mixed_groups", "several_block_sizes", "spec_decode", "spec_rejected"}
-        | {"small_slot_beside_pad"},
+        | {"small_slot_beside_pad", "unit_block_past_width"},
     ),
     Preset(
         name="cp4-interleave",
@@ -245,15 +247,16 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         name="large-steps",
         description="cp 4: a request of 8,400 tokens in one step, then a step 8,192+ tokens "
         "smaller, of a request or two; rows of 2,100+ blocks; batches of exactly max_num_reqs "
-        "requests; one apply with more writes than max_num_reqs",
+        "requests, gathered 20 rows of 2,560 columns at a time; one apply with more writes "
+        "than max_num_reqs",
         groups=(GroupSpec(16), GroupSpec(4, sharded=False), GroupSpec(32, enabled=False)),
         cp_size=4,
         cp_interleave=4,
         num_steps=8,
-        max_num_reqs=6,
+        max_num_reqs=20,
         max_num_batched_tokens=9216,
         max_model_len=10240,
-        max_batch_reqs=6,
+        max_batch_reqs=20,
         max_prefill_chunk=8400,
         max_prompt_len=400,
         max_decode_len=40,
@@ -267,6 +270,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
                 "short_step_long_buffer",
                 "wide_row",
                 "full_batch",
+                "wide_gather",
                 "writes_past_max_reqs",
                 "two_appends_one_row",
                 "decode",

@@ -64,6 +64,7 @@ CORNERS = (
     "no_power_of_two",
     "lone_non_power_of_two",
     "full_batch",
+    "wide_gather",
     "full_step",
     "writes_past_max_reqs",
     "two_appends_one_row",
@@ -86,6 +87,7 @@ CORNERS = (
     "kernel_blocks_mixed",
     "interleave_eq_kernel",
     "small_slot_beside_pad",
+    "unit_block_past_width",
 )
 """Every corner the workload generator counts (SPEC.md section 6's list, spelled out)."""
 

@@ -26,11 +26,14 @@ from .catalogue_contract import (
     OursLengthsByIdentity,
     OursOffsetBitsPerBlock,
     OursPositionsCheckedOnDisabledGroups,
+    OursSpanByPower,
     RankWrapped,
 )
 from .catalogue_ours import (
     OursCutWriteKeepsLength,
+    OursDeviceByIndex,
     OursDummyNotDirty,
+    OursGatherFirstProgramRows,
     OursInt32Slots,
     OursNoWindowMask,
     OursNullBlockRefused,
@@ -153,5 +156,8 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_positions_checked_on_disabled_groups": _entry(OursPositionsCheckedOnDisabledGroups, 9),
     "ours_integrity_entry_by_parity": _entry(OursIntegrityEntryByParity, 10),
     "ours_lengths_by_identity": _entry(OursLengthsByIdentity, 9),
+    "ours_span_by_power": _entry(OursSpanByPower, 0),
+    "ours_gather_first_program_rows": _entry(OursGatherFirstProgramRows, 6),
+    "ours_device_by_index": _entry(OursDeviceByIndex, 0),
 }
 """name -> (`--impl` spec, the check that must report it)."""

@@ -79,6 +79,26 @@ class OursPositionsCheckedOnDisabledGroups(BlockTables):
         )
 
 
+class OursSpanByPower(BlockTables):
+    """Range-checks positions against a span of `block_size ** cp_size` positions a block
+    (a power for the virtual block's product): the same at block size 2 and CP 2, wider at
+    larger blocks, and at block size 1 a `ValueError` for every legal position past the
+    row's width in blocks."""
+
+    def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, *args, **kwargs):
+        qsl = query_start_loc.cpu().numpy()
+        rows = np.repeat(idx_mapping.cpu().numpy(), np.diff(qsl))  # [num_tokens]
+        pos = positions[: int(qsl[-1])].cpu().numpy()[rows >= 0]
+        cfg = self.config
+        for g, enabled in enumerate(cfg.slot_mapping_enabled):
+            span = cfg.block_sizes[g] ** cfg.group_cp_size(g) * cfg.max_num_blocks_per_group[g]
+            if enabled and pos.size and pos.max() >= span:
+                raise ValueError(f"position {int(pos.max())} lies past group {g}'s table")
+        return super().compute_slot_mappings(
+            idx_mapping, query_start_loc, positions, *args, **kwargs
+        )
+
+
 class OursLengthsByIdentity(BlockTables):
     """Checks the pointer tensor's length by identity (`is not` for `!=`): CPython shares
     ints only up to 256, so every model up to 256 groups applies and one of 257 is refused."""

@@ -96,3 +96,29 @@ class OursNullBlockRefused(BlockTables):
         if any(0 in list(ids) for ids in new_block_ids):
             raise ValueError(f"append_block_ids: request {req_index}: block ids must be >= 1")
         super().append_block_ids(req_index, new_block_ids, overwrite)
+
+
+class OursGatherFirstProgramRows(BlockTables):
+    """Gathers as a kernel whose every program writes the first program's rows
+    (`row_block // ROWS` for `row_block * ROWS`): right while one program of 16 rows
+    holds the batch; from row 16 on the tables keep what they held before."""
+
+    def gather_block_tables(self, idx_mapping, num_reqs_padded, out=None, *args, **kwargs):
+        dst = list(self.input_block_tables if out is None else out)
+        kept = [t[16:].clone() for t in dst]
+        views = super().gather_block_tables(idx_mapping, num_reqs_padded, out, *args, **kwargs)
+        for t, old in zip(dst, kept, strict=True):
+            t[16:] = old
+        return views
+
+
+class OursDeviceByIndex(BlockTables):
+    """Checks its tables' device with `==`: a tensor on the CPU reports `cpu`, never the
+    `cpu:0` an engine may name, so an instance built on an indexed device refuses its own
+    tables."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for g, t in enumerate(self.block_tables):
+            if t.gpu.device != self.device:
+                raise ValueError(f"block_tables[{g}] lies on {t.gpu.device}, not {self.device}")
