@@ -8,7 +8,7 @@ import torch
 
 from cp_blocktables import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor, UvaBufferPool
 from cp_blocktables._jit import launch_counts
-from cp_blocktables.buffers import uva_view
+from cp_blocktables.buffers import _HostBuffer, _resolved_writes, uva_view
 
 
 def test_pool_round_robin_keeps_earlier_buffers(torch_device):
@@ -155,6 +155,28 @@ def test_a_uva_view_is_the_pinned_buffer_itself(host_uva, shape):
         assert host_uva == []
 
 
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_a_host_buffer_is_pinned_and_aliased_on_cuda_only(host_uva, monkeypatch, device_type):
+    """`_HostBuffer` run on the host with pinning and torch's reading of the CUDA array
+    interface stood in (the GPU test is
+    `test_cuda.py::test_view_address_is_the_pinned_buffers_device_address`): for a CUDA
+    device the host buffer is pinned and `.dev` is its UVA view, the same memory (SPEC.md 4:
+    a zero-copy device view of pinned host memory); for the CPU `.dev` is the host buffer."""
+    pinned: list = []
+    zeros = torch.zeros
+
+    def zeros_recording_pinning(*args, pin_memory=False, **kwargs):
+        pinned.append(pin_memory)
+        return zeros(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "zeros", zeros_recording_pinning)
+    buf = _HostBuffer((2, 3), torch.int32, torch.device(device_type))
+    on_cuda = device_type == "cuda"
+    assert pinned == [on_cuda]
+    assert (buf.dev is buf.cpu) != on_cuda
+    assert len(host_uva) == int(on_cuda) and buf.dev.data_ptr() == buf.cpu.data_ptr()
+
+
 def test_a_pool_keeps_two_snapshots_by_default(torch_device):
     """SPEC.md 4: `UvaBufferPool(size, dtype, max_concurrency=2)`: a view stays intact for
     one more publish (`UvaBackedTensor` passes its own count; this is the pool's default)."""
@@ -264,6 +286,31 @@ def test_overlapping_staged_writes_last_wins(torch_device):
     t.apply_write()
     assert t.gpu[0].cpu().tolist() == [1, 1, 2, 4, 1, 3, 3, 3]
     assert t.gpu[1].cpu().tolist() == [5, 5, 0, 0, 0, 0, 0, 0]
+
+
+def test_overlapping_writes_reach_the_kernel_disjoint():
+    """The apply kernel stores all writes of a launch in parallel, and on a GPU stores that
+    collide land in no defined order (the interpreter happens to keep staging order), so
+    the host hands it every element once, with the value of the write staged last
+    (SPEC.md 4): the overwritten parts of earlier writes are dropped before the launch."""
+    t = StagedWriteTensor((2, 8), torch.int32, "cpu")
+    t.stage_write(0, 0, [1, 1, 1, 1, 1, 1])
+    t.stage_write(1, 0, [5, 5])
+    t.stage_write(0, 2, [2, 2])
+    t.stage_write(0, 5, [3, 3, 3])
+    t.stage_write(0, 3, [4])
+    rows, starts, contents, cu_lens = _resolved_writes(t)
+    elements = [
+        (r, s + i, v)
+        for r, s, lo, hi in zip(rows, starts, [0, *cu_lens[:-1]], cu_lens)
+        for i, v in enumerate(contents[lo:hi])
+    ]
+    assert len({(r, c) for r, c, _ in elements}) == len(elements)
+    assert sorted(elements) == [
+        *((0, c, v) for c, v in enumerate([1, 1, 2, 4, 1, 3, 3, 3])),
+        (1, 0, 5),
+        (1, 1, 5),
+    ]
 
 
 def test_clear_staged_writes(torch_device):
