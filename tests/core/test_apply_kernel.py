@@ -156,6 +156,10 @@ def _apply(tensors: list[StagedWriteTensor], fused: bool) -> None:
             [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 6, 0, 0, 0],
             id="3d-rows-of-a-wider-pitch",
         ),
+        pytest.param(
+            (3, 1), lambda base: base.view(1, 3).t(), (2, 0, [9]), [0, 0, 9],
+            id="2d-one-column-of-a-transposed-row",
+        ),
     ],
 )  # fmt: skip
 def test_a_replaced_gpu_tensor_is_written_through_its_strides(
@@ -176,6 +180,18 @@ def test_a_replaced_gpu_tensor_is_written_through_its_strides(
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+def test_rows_of_more_than_256_elements_are_written(torch_device, fused):
+    """A 3-D tensor holds a row in its last two dimensions; here 600 elements, so the strides
+    the contiguity check compares are ints above 256, distinct objects: it must compare
+    values."""
+    t = StagedWriteTensor((2, 2, 300), torch.int32, torch_device)
+    t.stage_write(1, 299, [5, 6])
+    _apply([t], fused)
+    assert t.gpu[1].flatten()[298:302].tolist() == [0, 5, 6, 0]
+    assert int(t.gpu.abs().sum()) == 11
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
 @pytest.mark.parametrize(
     "view, message",
     [
@@ -186,6 +202,10 @@ def test_a_replaced_gpu_tensor_is_written_through_its_strides(
         pytest.param(lambda t: t.gpu[:2], "smaller than", id="fewer-rows"),
         pytest.param(lambda t: t.gpu[:, :2], "smaller than", id="narrower-rows"),
         pytest.param(lambda t: t.gpu.flatten(), "smaller than", id="one-dimension-fewer"),
+        pytest.param(
+            lambda t: t.gpu.new_zeros(0, 3).t(), "elements of a row must be contiguous",
+            id="empty-transposed-rows",
+        ),
     ],
 )  # fmt: skip
 def test_a_replaced_gpu_tensor_the_kernel_cannot_address_is_refused(

@@ -566,6 +566,18 @@ def test_one_row_outputs_are_accepted_whatever_their_row_stride(torch_device):
         ("table", lambda t: t[:2], r"block_tables\[0\].gpu must be an int32 \[>= 4, n\]"),
         ("table", lambda t: t.t(), r"block_tables\[0\].gpu must be an int32 .* unit column"),
         pytest.param(
+            "table",
+            lambda t: t[:, 0],
+            r"block_tables\[0\].gpu must be an int32 .* \(4,\) on",
+            id="table-1-d",
+        ),
+        pytest.param(
+            "table",
+            lambda t: t[:, :1].expand(-1, 8),
+            r"block_tables\[0\].gpu must be an int32 .* unit column",
+            id="table-column-stride-0",
+        ),
+        pytest.param(
             "input",
             lambda t: t[:, :3],
             r"input_block_tables\[0\] has 3 columns, fewer than block_tables\[0\]\.gpu's 8$",
