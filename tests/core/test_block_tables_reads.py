@@ -242,6 +242,25 @@ def test_dummy_and_padding_rows_load_nothing_from_before_the_table(pair):
             np.testing.assert_array_equal(out[g][1, : len(ids)], ids, err_msg=f"group {g}")
 
 
+def test_a_row_past_max_num_reqs_loads_nothing_from_past_the_table(torch_device):
+    """docs/contract-notes.md: with validation off, a row outside `[0, max_num_reqs)` is a
+    dummy, zeroed and never loaded. The gather kernel is handed a source table and counts
+    with a third row past `max_num_reqs = 2`, holding a count of 3 and entries 7, 8, 9: a
+    load of row 2 would copy them into the batch row that must be zero."""
+    d = torch_device
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=d)  # noqa: E731
+    i64 = lambda v: torch.tensor(v, dtype=torch.int64, device=d)  # noqa: E731
+    ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64, device=d)  # noqa: E731
+    src = i32([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    dst = torch.full((2, 3), 55, dtype=torch.int32, device=d)
+    num_blocks = i32([[3, 3, 3]])
+    gather.gather_block_tables(
+        i32([1, 2]), 2, 2, ptrs([src]), i64([3]), ptrs([dst]), i64([3]), i32([3]), 3,
+        num_blocks, i64([4]), i64([0]), None,
+    )  # fmt: skip
+    np.testing.assert_array_equal(dst.cpu().numpy(), [[4, 5, 6], [0, 0, 0]])
+
+
 @pytest.mark.parametrize(
     ("computed", "first_live"),
     [
