@@ -88,6 +88,21 @@ def test_negative_slot_is_named(torch_device):
         slots(bt, [-1, 2], [0, 1, 2], [0, 5])
 
 
+def test_a_negative_slot_of_a_one_token_step_is_named(torch_device):
+    """A step of one token (`num_tokens_padded` 1: a slot mapping of one column) can share no
+    slot, yet its token may hold a negative one: the count must see it, so the check raises."""
+    d = torch_device
+    assert int(integrity.count_slot_mapping_faults(ints([[-5]], d, torch.int64), ints([0, 1], d),
+                                                   [16])) == 1  # fmt: skip
+    bt = make(d)
+    bt.append_block_ids(2, ([1], [2]), False)
+    bt.apply_staged_writes()
+    bt.block_tables[1].gpu[2, 0] = -3  # a corrupted table entry
+    with pytest.raises(IntegrityError, match=r"group 1: token 0 \(batch entry 0, row 2, "
+                       r"position 5\) has negative slot -91"):  # fmt: skip
+        slots(bt, [2], [0, 1], [5])
+
+
 def test_a_token_at_slot_0_is_not_named_as_negative(torch_device):
     """Slot 0 (the null block's first) is no fault: beside a real fault, only that is named."""
     d = torch_device
