@@ -529,25 +529,28 @@ def test_unchecked_rows_further_past_the_table_pad(torch_device, force_layout, l
 
 
 @pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
+@pytest.mark.parametrize("start", [2**32, 2**32 - 2], ids=["2**32", "2**32-2"])
 @pytest.mark.parametrize("config", UNCHECKED_CONFIGS)
 def test_unchecked_positions_past_2_31_pad_on_the_int32_path(
-    torch_device, force_layout, layout, config
+    torch_device, force_layout, layout, start, config
 ):
     """Unchecked input (validation off; refused when validating, docs/bad-input.md:
     `[position-past-table]`): where every table spans fewer than 2**31 positions (POS32),
     a position at or past 2**31 lies outside every table and maps to PAD_SLOT_ID
-    (docs/contract-notes.md, input checks). Row 2's tokens sit at positions 2**32 and
-    2**32 + 1, whose low 32 bits are positions 0 and 1, owned by this rank: a kernel that
-    took them as in range and narrowed them to int32 would map row 2's first slots there."""
+    (docs/contract-notes.md, input checks). Row 2's two tokens start at `start`: at 2**32
+    their low 32 bits are positions 0 and 1, owned by this rank, so a kernel that took
+    them as in range and narrowed them to int32 would map row 2's first slots there; at
+    2**32 - 2 they are -2 and -1 as int32, so a kernel that bounded positions by 2**32
+    would read the column before row 2's first."""
     legal = [(1, 40, 3), (2, 0, 2), (5, 17, 2)]
     bt, ref = _build(torch_device, config, legal, 1)
     assert bt._slot_plan.pick.__self__.tile_meta["POS32"]
     bt.validate_inputs = False
-    requests = [(1, 40, 3), (2, 2**32, 2), (5, 17, 2)]
+    requests = [(1, 40, 3), (2, start, 2), (5, 17, 2)]
     idx, qsl, pos = _batch(requests, bt.num_kv_cache_groups)
     far = slice(qsl[1], qsl[2])
     narrowed = pos.copy()
-    narrowed[far] -= 2**32  # the reference maps legal input only
+    narrowed[far] = [0, 1]  # the reference maps legal input only
     expected = ref.slot_mappings(idx, qsl, narrowed, bt.max_num_batched_tokens)
     assert (expected[:, far] != PAD_SLOT_ID).any()
     expected[:, far] = PAD_SLOT_ID
