@@ -81,9 +81,15 @@ def test_the_drill_passes_while_the_world_shrinks_and_grows(rank, tmp_path):
     assert report["sizes"] == [4, 2, 4]
 
 
-# Size regimes (a request past 8192 tokens, rows past 2048 columns) take the harness's
-# `large-steps` preset, too slow for a drill on four interpreted ranks; `verify` catches them.
-SIZE_REGIMES = {"tokens_past_tile_dropped", "wide_rows_truncated", "tail_clear_capped"}
+# Size regimes (a request past 8192 tokens, rows past 2048 columns, gathers of 20 such rows)
+# take the harness's `large-steps` preset, too slow for a drill on four interpreted ranks;
+# `verify` catches them.
+SIZE_REGIMES = {
+    "tokens_past_tile_dropped",
+    "wide_rows_truncated",
+    "tail_clear_capped",
+    "ours_gather_first_program_rows",
+}
 # Missed integrity faults are probed where a preset turns the checks on (`cp2-i1`), none of
 # the drill's presets; `verify` catches them.
 INTEGRITY = {
@@ -97,8 +103,14 @@ INTEGRITY = {
     "ours_integrity_entry_by_parity",
 }
 # A CP size that is no power of two takes the sweep's `cp3-no-power-of-two`, exactly two groups
-# its `cp2-past-2-31`, 257 groups the probe of `groups-6`; `verify` catches them.
-LAYOUTS = {"cp_modulo_as_mask", "ours_two_groups_unfused", "ours_lengths_by_identity"}
+# its `cp2-past-2-31`, 257 groups the probe of `groups-6`, a sharded group of block size 1
+# `cp2-i1`; `verify` catches them.
+LAYOUTS = {
+    "cp_modulo_as_mask",
+    "ours_two_groups_unfused",
+    "ours_lengths_by_identity",
+    "ours_span_by_power",
+}
 DRILLED = {
     n: entry for n, entry in CATALOGUE.items() if n not in SIZE_REGIMES | INTEGRITY | LAYOUTS
 }
