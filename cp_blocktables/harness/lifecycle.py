@@ -117,6 +117,15 @@ class _LifeCycle:
         self.pass_nct = any(w > 0 for w in cfg.sliding_window_reach)
         self.alloc = [_Allocator(*preset.block_id_range(g)) for g in range(self.num_groups)]
         self.virtual = [b * c for b, c in zip(rules.block_sizes, rules.group_cp)]
+        # The first position only a virtual block reaches in a sharded group of block size 1.
+        self.unit_width = min(
+            (
+                cfg.table_width(g)
+                for g in range(self.num_groups)
+                if rules.block_sizes[g] == 1 and rules.group_cp[g] > 1
+            ),
+            default=0,
+        )
         self.free_rows = list(range(cfg.max_num_reqs))
         self.used_rows: set[int] = set()
         self.running: dict[int, _Request] = {}
@@ -147,6 +156,7 @@ class _LifeCycle:
             rng.random() < p.prefix_prob
             or self._overdue("prefix_cached_start")
             or self._overdue("position_past_2_31")
+            or self._overdue("unit_block_past_width")
         )
         if not self.admissions and "small_slot_beside_pad" in p.corners:
             # The first request holds every group's first block: from position 0 its
@@ -189,7 +199,9 @@ class _LifeCycle:
         self, prompt_len: int | None, want_prefix: bool, short: bool, far_block: int
     ) -> tuple[int, int, int]:
         """`(prompt_len, target_len, prefix_len)` of a request starting at 0, or (prefix
-        cached) at least a virtual block `far_block` from it, its prefix seeded."""
+        cached) at least a virtual block `far_block` from it, its prefix seeded; while
+        `unit_block_past_width` is overdue, at or past the width of the group of block
+        size 1."""
         p, rng = self.p, self.rng
         if prompt_len is not None:
             prompt = prompt_len
@@ -199,6 +211,9 @@ class _LifeCycle:
             target = prompt + int(rng.integers(1, min(8, p.max_decode_len) + 1))
         else:
             low = min(far_block + 2, p.max_prompt_len) if want_prefix else 1
+            if want_prefix and self._overdue("unit_block_past_width"):
+                far_block = max(far_block, min(self.unit_width, p.max_prompt_len - 2))
+                low = min(far_block + 2, p.max_prompt_len)
             prompt = int(rng.integers(low, p.max_prompt_len + 1))
             target = prompt + int(rng.integers(1, p.max_decode_len + 1))
         prefix = 0

@@ -1,4 +1,4 @@
-"""Corner counts past 2**31: `position_past_2_31` and `past_2_31_by_cp`."""
+"""Corner counts: positions past 2**31, block size 1 under CP, gathers of many wide rows."""
 
 from __future__ import annotations
 
@@ -75,3 +75,60 @@ def test_far_steps_pass_no_position_past_max_model_len():
             if s.kind == "real":
                 _, uids = s.token_rows()
                 assert (s.positions[: s.num_tokens][uids >= 0] < FAR.max_model_len).all()
+
+
+# ------------------------------------------------- block size 1 under CP, gathers of many rows
+
+UNIT = presets.PRESETS["cp2-i1"]
+LARGE = presets.PRESETS["large-steps"]
+
+
+def _tokens_past_unit_width(w: Workload, p: presets.Preset) -> int:
+    """Real tokens at positions at or past the width of each sharded group of block size 1,
+    counted from the steps themselves."""
+    cfg = p.config(0)
+    widths = [
+        cfg.table_width(g)
+        for g, spec in enumerate(p.groups)
+        if spec.block_size == 1 and spec.sharded and spec.enabled
+    ]
+    n = 0
+    for s in w.steps:
+        if s.kind == "real":
+            _, uids = s.token_rows()
+            pos = s.positions[: s.num_tokens][uids >= 0]
+            n += sum(int((pos >= width).sum()) for width in widths)
+    return n
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_unit_block_past_width_counts_each_token_only_the_virtual_block_reaches(seed):
+    w = generate(UNIT, seed)
+    assert w.corners["unit_block_past_width"] == _tokens_past_unit_width(w, UNIT) > 0
+
+
+@pytest.mark.parametrize(
+    "group",
+    [GroupSpec(1, sharded=False), GroupSpec(2), GroupSpec(1, enabled=False)],
+    ids=["unsharded", "block-size-2", "disabled"],
+)
+def test_only_a_sharded_group_of_block_size_1_counts_past_its_width(group):
+    """Past an unsharded group's width lies past its table; a block of 2 slots or more
+    tells the product from the power at CP 2; a disabled group maps nothing."""
+    p = dataclasses.replace(UNIT, groups=(*UNIT.groups[:-1], group), corners=frozenset())
+    assert generate(p, 0).corners["unit_block_past_width"] == 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_wide_gather_counts_each_step_of_more_than_16_rows_of_wide_tables(seed):
+    w = generate(LARGE, seed)
+    cfg = LARGE.config(0)
+    assert max(cfg.table_width(g) for g in range(len(LARGE.groups))) > 2048
+    wide = sum(s.num_reqs_padded > 16 for s in w.steps)
+    assert w.corners["wide_gather"] == wide > 0
+
+
+def test_a_gather_of_16_rows_is_not_wide():
+    """16 rows of 4,096 columns fill one program of the interpreter's 65,536 entries."""
+    p = dataclasses.replace(LARGE, max_num_reqs=16, max_batch_reqs=16, corners=frozenset())
+    assert generate(p, 0).corners["wide_gather"] == 0
