@@ -60,43 +60,53 @@ class OursOffsetBitsPerBlock(BlockTables):
         self._offset_bits = [bytearray(-(-k // 8)) for k in self.kernel_block_sizes]
 
 
-class OursPositionsCheckedOnDisabledGroups(BlockTables):
-    """Range-checks positions against every group's table, the groups without slot
-    mapping included: right wherever all tables cover the model's length, a `ValueError`
-    for a legal position past a disabled group's shorter table."""
+class _OursPositionsRangeChecked(BlockTables):
+    """Range-checks the batch's real positions against `_span(g)` for each group that
+    `_checked(g)` names, then maps them as ours does."""
+
+    def _checked(self, g: int) -> bool:
+        raise NotImplementedError
+
+    def _span(self, g: int) -> int:
+        raise NotImplementedError
 
     def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, *args, **kwargs):
         qsl = query_start_loc.cpu().numpy()
         rows = np.repeat(idx_mapping.cpu().numpy(), np.diff(qsl))  # [num_tokens]
         pos = positions[: int(qsl[-1])].cpu().numpy()[rows >= 0]
-        cfg = self.config
-        for g, enabled in enumerate(cfg.slot_mapping_enabled):
-            span = cfg.block_sizes[g] * cfg.group_cp_size(g) * cfg.max_num_blocks_per_group[g]
-            if not enabled and pos.size and pos.max() >= span:
+        for g in range(self.num_kv_cache_groups):
+            if self._checked(g) and pos.size and pos.max() >= self._span(g):
                 raise ValueError(f"position {int(pos.max())} lies past group {g}'s table")
         return super().compute_slot_mappings(
             idx_mapping, query_start_loc, positions, *args, **kwargs
         )
 
 
-class OursSpanByPower(BlockTables):
+class OursPositionsCheckedOnDisabledGroups(_OursPositionsRangeChecked):
+    """Range-checks positions against every group's table, the groups without slot
+    mapping included: right wherever all tables cover the model's length, a `ValueError`
+    for a legal position past a disabled group's shorter table."""
+
+    def _checked(self, g: int) -> bool:
+        return not self.config.slot_mapping_enabled[g]
+
+    def _span(self, g: int) -> int:
+        cfg = self.config
+        return cfg.block_sizes[g] * cfg.group_cp_size(g) * cfg.max_num_blocks_per_group[g]
+
+
+class OursSpanByPower(_OursPositionsRangeChecked):
     """Range-checks positions against a span of `block_size ** cp_size` positions a block
     (a power for the virtual block's product): the same at block size 2 and CP 2, wider at
     larger blocks, and at block size 1 a `ValueError` for every legal position past the
     row's width in blocks."""
 
-    def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, *args, **kwargs):
-        qsl = query_start_loc.cpu().numpy()
-        rows = np.repeat(idx_mapping.cpu().numpy(), np.diff(qsl))  # [num_tokens]
-        pos = positions[: int(qsl[-1])].cpu().numpy()[rows >= 0]
+    def _checked(self, g: int) -> bool:
+        return self.config.slot_mapping_enabled[g]
+
+    def _span(self, g: int) -> int:
         cfg = self.config
-        for g, enabled in enumerate(cfg.slot_mapping_enabled):
-            span = cfg.block_sizes[g] ** cfg.group_cp_size(g) * cfg.max_num_blocks_per_group[g]
-            if enabled and pos.size and pos.max() >= span:
-                raise ValueError(f"position {int(pos.max())} lies past group {g}'s table")
-        return super().compute_slot_mappings(
-            idx_mapping, query_start_loc, positions, *args, **kwargs
-        )
+        return cfg.block_sizes[g] ** cfg.group_cp_size(g) * cfg.max_num_blocks_per_group[g]
 
 
 class OursLengthsByIdentity(BlockTables):
