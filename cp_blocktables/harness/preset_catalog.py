@@ -131,7 +131,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         description="cp 2, interleave 1: sharded, unsharded and disabled groups side by side; "
         "integrity checks on (SPEC.md 8.3: no false alarm, and the probes' faults raise), "
         "with a group of block size 2 whose ids start at 1: slots 1 and 2 beside tokens "
-        "without a slot, and a group of block size 1",
+        "without a slot",
         groups=(
             GroupSpec(16),
             GroupSpec(32, sharded=False),
@@ -139,8 +139,6 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
             GroupSpec(8),
             # Block 1 holds slots 2 and 3: slot 2 beside a token 0 that a rank does not own.
             GroupSpec(2, first_block_id=1),
-            # One slot a block: the row's width in blocks is half the positions it covers.
-            GroupSpec(1),
         ),
         block_id_base=2**16,  # the other groups' ids lie above group 4's
         cp_size=2,
@@ -159,7 +157,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         | COMMON
         | {"profiled_rows_reclaimed"}
         | {"interleave_1", "mixed_groups", "several_block_sizes", "spec_decode", "spec_rejected"}
-        | {"small_slot_beside_pad", "unit_block_past_width"},
+        | {"small_slot_beside_pad"},
     ),
     Preset(
         name="cp4-interleave",

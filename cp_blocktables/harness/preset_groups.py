@@ -1,9 +1,10 @@
-"""The sweep's presets of zero, one and six KV-cache groups.
+"""The sweep's presets of zero, one and six KV-cache groups, and of blocks of one slot.
 
 How many groups there are is a regime of its own: with none, every method must
 still work and return empty results; with one, the apply takes its single-table
 path (no fused writer); with six, the fused launch carries groups of block sizes
-4 to 128 and two sliding windows of other reaches side by side.
+4 to 128 and two sliding windows of other reaches side by side. A block of one slot
+under CP is a regime too: a sharded group's positions run to twice its width in blocks.
 """
 
 from __future__ import annotations
@@ -11,6 +12,24 @@ from __future__ import annotations
 from .preset_spec import GroupSpec, Preset
 
 GROUP_PRESETS: tuple[Preset, ...] = (
+    Preset(
+        name="cp2-unit-blocks",
+        description="cp 2, interleave 1: a sharded group of block size 1 (one slot a block, "
+        "so only the virtual block reaches the second half of its positions) beside blocks "
+        "of 2 and 4",
+        groups=(GroupSpec(1), GroupSpec(2), GroupSpec(4, sharded=False)),
+        cp_size=2,
+        cp_interleave=1,
+        num_steps=10,
+        max_num_reqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+        max_batch_reqs=4,
+        max_prefill_chunk=48,
+        max_prompt_len=200,
+        max_decode_len=16,
+        corners=frozenset({"unit_block_past_width", "interleave_1", "several_block_sizes"}),
+    ),
     Preset(
         name="groups-0",
         description="cp 2, no KV-cache group at all: every method still works",

@@ -39,6 +39,7 @@ SWEEP: tuple[str, ...] = (
     "cp1-window",
     "cp2-past-2-31",
     "cp2-i1",
+    "cp2-unit-blocks",
     "default",
     "cp4-interleave",
     "cp8-large-ids",

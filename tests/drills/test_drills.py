@@ -104,7 +104,7 @@ INTEGRITY = {
 }
 # A CP size that is no power of two takes the sweep's `cp3-no-power-of-two`, exactly two groups
 # its `cp2-past-2-31`, 257 groups the probe of `groups-6`, a sharded group of block size 1
-# `cp2-i1`; `verify` catches them.
+# `cp2-unit-blocks`; `verify` catches them.
 LAYOUTS = {
     "cp_modulo_as_mask",
     "ours_two_groups_unfused",

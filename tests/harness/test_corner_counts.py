@@ -79,7 +79,7 @@ def test_far_steps_pass_no_position_past_max_model_len():
 
 # ------------------------------------------------- block size 1 under CP, gathers of many rows
 
-UNIT = presets.PRESETS["cp2-i1"]
+UNIT = presets.PRESETS["cp2-unit-blocks"]
 LARGE = presets.PRESETS["large-steps"]
 
 
@@ -115,7 +115,7 @@ def test_unit_block_past_width_counts_each_token_only_the_virtual_block_reaches(
 def test_only_a_sharded_group_of_block_size_1_counts_past_its_width(group):
     """Past an unsharded group's width lies past its table; a block of 2 slots or more
     tells the product from the power at CP 2; a disabled group maps nothing."""
-    p = dataclasses.replace(UNIT, groups=(*UNIT.groups[:-1], group), corners=frozenset())
+    p = dataclasses.replace(UNIT, groups=(group, *UNIT.groups[1:]), corners=frozenset())
     assert generate(p, 0).corners["unit_block_past_width"] == 0
 
 
