@@ -57,7 +57,8 @@ class _CornerCounts:
     def _widest_table(self) -> int:
         """Columns of the widest table: a gather of more than 16 rows of more than 2,048
         columns (`wide_gather`) is over 32K entries, several programs of several rows on
-        every tiling of up to 65,536 entries (the interpreter's) or of 2,048 (a GPU's)."""
+        our interpreted tiles (65,536 entries: 16 rows of 4,096 columns) and on a GPU's
+        (2,048 entries: 4 rows of 512), so a program that writes the wrong rows shows."""
         cfg = self.cfg
         return max((cfg.table_width(g) for g in range(self.num_groups)), default=0)
 
