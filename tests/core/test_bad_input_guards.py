@@ -511,6 +511,31 @@ def test_host_pointer_checks_leave_the_cuda_pointer_cache_alone(monkeypatch):
     assert _CudaLookingReads.reads == 1
 
 
+@pytest.mark.parametrize("device_type", ["meta", "xpu"])
+def test_pointer_checks_on_another_device_type_leave_the_cuda_pointer_cache_alone(
+    monkeypatch, device_type
+):
+    """Only CUDA pointer tensors are remembered, not those of a device type that sorts after
+    `cuda`: checking more of them than the cache holds evicts no verified CUDA tensor, which
+    is still not read again. Host tensors that report `device_type` play that device's."""
+    monkeypatch.setattr(guards, "_verified", {})
+    monkeypatch.setattr(_CudaLookingReads, "reads", 0)
+    cuda, other = torch.device("cuda"), torch.device(device_type)
+    looking = type("_OtherLooking", (torch.Tensor,), {"device": property(lambda _: other)})
+    want = [0x1000, 0x2000]
+    t = torch.tensor(want, dtype=torch.int64).as_subclass(_CudaLookingReads)
+    guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)  # read and remembered
+    tensors = [
+        torch.tensor([i, i + 1], dtype=torch.int64).as_subclass(looking)
+        for i in range(guards._CACHE_LIMIT)
+    ]
+    for i, h in enumerate(tensors):
+        guards.check_address_tensor(h, [i, i + 1], "ptrs", "want[{i}]", other)
+    assert list(guards._verified) == [id(t)]
+    guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)
+    assert _CudaLookingReads.reads == 1
+
+
 def test_slot_mappings_refuse_an_out_with_overlapping_rows(torch_device):
     bt = _bt_with_rows(torch_device)
     out = torch.full((1, 64), 9, dtype=torch.int64, device=torch_device).expand(2, 64)
