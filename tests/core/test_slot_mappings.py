@@ -264,6 +264,7 @@ def test_int64_index_tensors(torch_device, force_layout, layout):
     [
         pytest.param([], 5, id="no-requests"),
         pytest.param([(-1, 0, 3), (2, 40, 2), (5, 7, 3)], 200, id="a-dummy-first"),
+        pytest.param([(2, 40, 3)], 200, id="one-request"),
     ],
 )
 def test_the_first_query_start_loc_entry_is_never_read(
@@ -273,10 +274,14 @@ def test_the_first_query_start_loc_entry_is_never_read(
     when validating, docs/bad-input.md). Entry 0 starts at token 0 in both layouts whatever
     `qsl[0]` holds, and a batch of no entries has no tokens: the slots are those of the same
     batch with `qsl[0] = 0`. A `qsl[0]` of 200 lies past the CPU's one 128-token tile, where
-    reading it would end the search for the tile's last entry at entry 0."""
+    reading it would end the search for the tile's last entry at entry 0 (with one entry,
+    its first step reads `qsl[0]` if it reads entry starts instead of ends). The positions
+    past the batch are 0, inside the tables, so that a token past the batch given entry 0
+    would show a slot where PAD belongs."""
     bt, ref = _build(torch_device, _config(), requests, 1)
     bt.validate_inputs = False
     idx, qsl, pos = _batch(requests, 2)
+    pos[qsl[-1] :] = 0
     expected = ref.slot_mappings(idx, qsl, pos, bt.max_num_batched_tokens)
     qsl[0] = first
     force_layout(layout)
