@@ -469,15 +469,18 @@ def test_the_cuda_pointer_cache_does_not_read_a_verified_tensor_again(monkeypatc
     [
         ("rewritten-in-place", r"ptrs\[1\] = 0x3000 but want\[1\] is 0x2000"),
         ("destinations-moved", r"ptrs\[1\] = 0x2000 but want\[1\] is 0x3000"),
+        ("destinations-moved-down", r"ptrs\[1\] = 0x2000 but want\[1\] is 0x800"),
     ],
-    ids=["rewritten-in-place", "destinations-moved"],
+    ids=["rewritten-in-place", "destinations-moved", "destinations-moved-down"],
 )
 def test_the_cuda_pointer_cache_reads_a_tensor_again_once_it_or_its_destinations_change(
     monkeypatch, change, message
 ):
     """The module doc of `guards`: a verified CUDA pointer tensor is trusted only while its
     `_version` and the values it must hold are those it was checked with; written in place
-    through torch, or with its destinations moved, it is read again and refused if wrong.
+    through torch, or with its destinations moved (to higher or to lower addresses: the
+    remembered values must equal the new ones, not merely sort above or below them), it is
+    read again and refused if wrong.
     (tests/core/test_cuda.py holds the same on a real CUDA tensor.)"""
     monkeypatch.setattr(guards, "_verified", {})
     cuda = torch.device("cuda")
@@ -487,8 +490,10 @@ def test_the_cuda_pointer_cache_reads_a_tensor_again_once_it_or_its_destinations
     assert len(guards._verified) == 1
     if change == "rewritten-in-place":
         t[1] = 0x3000
-    else:
+    elif change == "destinations-moved":
         want = [0x1000, 0x3000]
+    else:  # the remembered values sort above the new ones
+        want = [0x1000, 0x800]
     with pytest.raises(ValueError, match=message):
         guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)
 

@@ -182,14 +182,16 @@ def test_verified_address_tensors_are_not_read_again(monkeypatch):
     [
         ("rewritten-in-place", r"ptrs\[1\] = 0x3000 but want\[1\] is 0x2000"),
         ("destinations-moved", r"ptrs\[1\] = 0x2000 but want\[1\] is 0x3000"),
+        ("destinations-moved-down", r"ptrs\[1\] = 0x2000 but want\[1\] is 0x800"),
     ],
-    ids=["rewritten-in-place", "destinations-moved"],
+    ids=["rewritten-in-place", "destinations-moved", "destinations-moved-down"],
 )
 def test_a_remembered_address_tensor_is_read_again_once_it_or_its_destinations_change(
     monkeypatch, change, message
 ):
     """The guards' module doc: a remembered CUDA pointer tensor is read again when it was
-    written in place through torch (its `_version` moved) or its destinations moved, so a
+    written in place through torch (its `_version` moved) or its destinations moved (up or
+    down: the remembered values must equal the new ones, not merely sort past them), so a
     value that no longer matches is refused as on the first check, not trusted."""
     monkeypatch.setattr(guards, "_verified", {})
     cuda = torch.device("cuda")
@@ -198,8 +200,10 @@ def test_a_remembered_address_tensor_is_read_again_once_it_or_its_destinations_c
     guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)  # read and remembered
     if change == "rewritten-in-place":
         t[1] = 0x3000
-    else:
+    elif change == "destinations-moved":
         want = [0x1000, 0x3000]
+    else:  # the remembered values sort above the new ones
+        want = [0x1000, 0x800]
     with pytest.raises(ValueError, match=message):
         guards.check_address_tensor(t, want, "ptrs", "want[{i}]", cuda)
 
