@@ -155,13 +155,10 @@ def test_a_uva_view_is_the_pinned_buffer_itself(host_uva, shape):
         assert host_uva == []
 
 
-@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
-def test_a_host_buffer_is_pinned_and_aliased_on_cuda_only(host_uva, monkeypatch, device_type):
-    """`_HostBuffer` run on the host with pinning and torch's reading of the CUDA array
-    interface stood in (the GPU test is
-    `test_cuda.py::test_view_address_is_the_pinned_buffers_device_address`): for a CUDA
-    device the host buffer is pinned and `.dev` is its UVA view, the same memory (SPEC.md 4:
-    a zero-copy device view of pinned host memory); for the CPU `.dev` is the host buffer."""
+@pytest.fixture
+def stand_in_pinning(monkeypatch) -> list:
+    """`torch.zeros(..., pin_memory=...)` allocates unpinned host memory (pinning needs a
+    GPU); returns the `pin_memory` flag of every call."""
     pinned: list = []
     zeros = torch.zeros
 
@@ -170,11 +167,44 @@ def test_a_host_buffer_is_pinned_and_aliased_on_cuda_only(host_uva, monkeypatch,
         return zeros(*args, **kwargs)
 
     monkeypatch.setattr(torch, "zeros", zeros_recording_pinning)
+    return pinned
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_a_host_buffer_is_pinned_and_aliased_on_cuda_only(host_uva, stand_in_pinning, device_type):
+    """`_HostBuffer` run on the host with pinning and torch's reading of the CUDA array
+    interface stood in (the GPU test is
+    `test_cuda.py::test_view_address_is_the_pinned_buffers_device_address`): for a CUDA
+    device the host buffer is pinned and `.dev` is its UVA view, the same memory (SPEC.md 4:
+    a zero-copy device view of pinned host memory); for the CPU `.dev` is the host buffer."""
     buf = _HostBuffer((2, 3), torch.int32, torch.device(device_type))
     on_cuda = device_type == "cuda"
-    assert pinned == [on_cuda]
+    assert stand_in_pinning == [on_cuda]
     assert (buf.dev is buf.cpu) != on_cuda
     assert len(host_uva) == int(on_cuda) and buf.dev.data_ptr() == buf.cpu.data_ptr()
+
+
+@pytest.mark.parametrize(
+    "device_type, bookkeeping",
+    [
+        pytest.param("cpu", [], id="cpu-keeps-no-marks"),
+        pytest.param("cuda", ["record", "record", "synchronize"], id="cuda-marks-and-waits"),
+    ],
+)
+def test_a_pool_for_a_cuda_device_waits_for_its_readers(
+    host_uva, stand_in_pinning, stand_in_events, device_type, bookkeeping
+):
+    """A pool built for a CUDA device takes the reader bookkeeping of
+    `test_pool_reuses_a_buffer_only_after_its_readers` by itself (pinning, UVA views and
+    events stood in on the host; the GPU test is
+    `test_cuda.py::test_a_buffer_is_never_reused_while_the_device_may_read_it`): handing out
+    the second and third buffers marks where the last one's readers end, and the third
+    publish, back on the first buffer, waits for its mark (SPEC.md 4). A CPU pool has no
+    device running behind the host and keeps no marks."""
+    pool = UvaBufferPool(4, torch.int32, max_concurrency=2, device=device_type)
+    views = [pool.copy_to_uva([k]) for k in range(3)]
+    assert [what for what, _ in stand_in_events] == bookkeeping
+    assert views[2].data_ptr() == views[0].data_ptr() and views[2].tolist() == [2]
 
 
 def test_a_pool_keeps_two_snapshots_by_default(torch_device):
