@@ -310,6 +310,35 @@ def test_gather_explanation_names_only_the_differing_entries(torch_device, monke
     )
 
 
+@pytest.mark.parametrize(
+    ("got", "named"),
+    [
+        pytest.param(
+            [90, 12, 93, 0],
+            "in 2 of 3 entries; first at column 0: gathered 90, expected 11",
+            id="columns-0-and-2",
+        ),
+        pytest.param(
+            [11, 91, 92, 0],
+            "in 2 of 3 entries; first at column 1: gathered 91, expected 12",
+            id="columns-1-and-2",
+        ),
+    ],
+)
+def test_a_row_differing_in_several_entries_names_the_first(torch_device, got, named):
+    """docs/contract-notes.md: the explanation quotes the first entry that differs, with
+    the count of those that do, not any other of them."""
+    d = torch_device
+    src = [ints([[11, 12, 13, 0]], d)]
+    text = integrity.explain_gather_faults(
+        [ints([got], d)], src, ints([0], d), ints([[3]], d), np.array([[3]], np.int32), [16], [0]
+    )
+    assert (
+        text == "gather_block_tables: group 0: batch row 0 differs from its source, "
+        f"request row 0, {named}"
+    )
+
+
 def test_sliding_window_masking_is_what_is_expected(torch_device):
     bt = make(torch_device, sliding_window_reach=[20, 0])
     bt.append_block_ids(0, ([1, 2, 3, 4], [5, 6]), False)
@@ -414,6 +443,19 @@ def test_unchecked_rows_past_the_table_are_dummies_under_the_checks(torch_device
     bt.append_block_ids(3, ([11, 12], [21]), False)
     bt.apply_staged_writes()
     t0, t1 = bt.gather_block_tables(ints([3, 4], torch_device), 2)
+    assert t0[0, :2].tolist() == [11, 12] and t1[0, :1].tolist() == [21]
+    assert t0[1].tolist() == [0] * 8 and t1[1].tolist() == [0] * 4
+
+
+@pytest.mark.parametrize("row", [5, 2**31 - 1], ids=["two-past-the-last-row", "int32-max"])
+def test_unchecked_rows_further_past_the_table_are_dummies_under_the_checks(torch_device, row):
+    """As the test before, for rows beyond `max_num_reqs` itself (here 4): the checks take
+    every row at or past it for a dummy, so a correct gather raises nothing."""
+    bt = make(torch_device)
+    bt.validate_inputs = False
+    bt.append_block_ids(3, ([11, 12], [21]), False)
+    bt.apply_staged_writes()
+    t0, t1 = bt.gather_block_tables(ints([3, row], torch_device), 2)
     assert t0[0, :2].tolist() == [11, 12] and t1[0, :1].tolist() == [21]
     assert t0[1].tolist() == [0] * 8 and t1[1].tolist() == [0] * 4
 
