@@ -147,6 +147,8 @@ class _CornerCounts:
         c["many_groups"] += self.num_groups >= 5
         c["kernel_blocks"] += any(x > 1 for x in m)
         c["kernel_blocks_mixed"] += any(x > 1 for x in m) and any(x == 1 for x in m)
+        # Kernel ids `b * m + k` where `m` is no power of two: `|` or a shift stands in wrongly.
+        c["kernel_ratio_not_power_of_two"] += any(x & (x - 1) for x in m)
         # No size a slot mapping divides by is a power of two (kernel block sizes, group
         # CP sizes, the interleave), so no shift can stand in for a division.
         sizes = [*kernel, *(cfg.group_cp_size(g) for g in range(self.num_groups))]

@@ -28,6 +28,7 @@ from .planted import (
     aliased_pair,
     equal_pair,
     fault_behind_cut_rows,
+    fault_behind_dummy_rows,
     filled,
     i32,
     i64,
@@ -141,8 +142,8 @@ def probe_integrity(
     (`stale_behind_clean_rows`). `fused`:
     the implementation has `gather_and_compute_slot_mappings` (section 8.2),
     whose effects are those of both calls, checks included. A gathered row
-    unlike its source, counts published: see `aliased_gather`, `aliased_pair`
-    and `fault_behind_cut_rows`.
+    unlike its source, counts published: see `aliased_gather`, `aliased_pair`,
+    `fault_behind_cut_rows` and `fault_behind_dummy_rows`.
     """
     device = args[4]
     ref = probe_reference(args, kwargs, cp_rank)
@@ -224,6 +225,15 @@ def probe_integrity(
             f"row {last}, with one out tensor given for groups {pair[0]} and {pair[1]} (the "
             f"message must name row {last}, batch row {CUT_ROWS}, the one that differs)",
             lambda: fault_behind_cut_rows(factory, args, kwargs, ref, pair),
+            cp_rank,
+            (str(last), str(CUT_ROWS)),
+            refusal_ok=True,
+        )
+        found += _expect_error(
+            f"gather_block_tables of {CUT_ROWS} dummy entries (-1), then row {last}, with one "
+            f"out tensor given for groups {pair[0]} and {pair[1]} (the message must name row "
+            f"{last}, batch row {CUT_ROWS}, the one that differs)",
+            lambda: fault_behind_dummy_rows(factory, args, kwargs, ref, pair),
             cp_rank,
             (str(last), str(CUT_ROWS)),
             refusal_ok=True,

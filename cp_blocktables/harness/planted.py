@@ -93,6 +93,31 @@ def fault_behind_cut_rows(
     return lambda: impl.gather_block_tables(idx, num_rows, out=outs)
 
 
+def fault_behind_dummy_rows(
+    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, pair: tuple
+) -> Callable[[], object]:
+    """`CUT_ROWS` dummy entries (-1), then the last row, which holds different ids in the two
+    groups of `pair`, sharing one `out` tensor, applied: whichever copy lands last, that row
+    alone differs from its source. A dummy entry gives a zero row whose source is never read
+    (SPEC.md 3), no difference; a message that names dummies (eight rows at a time) may never
+    reach the row that differs. Row 0 holds blocks too, not gathered: an explanation that
+    reads a dummy's source from a clamped row 0 sees it differ."""
+    rules, device = ref.rules, args[4]
+    n, last = rules.num_groups, rules.max_num_reqs - 1
+    impl = factory(*args, **kwargs)
+    impl.append_block_ids(0, tuple([SHARED_ID + 2] for _ in range(n)), True)
+    impl.append_block_ids(last, tuple([SHARED_ID + (g == pair[1])] for g in range(n)), True)
+    impl.apply_staged_writes()
+    num_rows, width = CUT_ROWS + 1, max(rules.width)
+    shared = torch.zeros((num_rows, width), dtype=torch.int32, device=device)
+    outs = [
+        shared if g in pair else torch.zeros((num_rows, width), dtype=torch.int32, device=device)
+        for g in range(n)
+    ]
+    idx = i32([-1] * CUT_ROWS + [last], device)
+    return lambda: impl.gather_block_tables(idx, num_rows, out=outs)
+
+
 def aliased_gather(
     factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, row: int
 ) -> Callable[[], object]:

@@ -214,9 +214,9 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
     Preset(
         name="cp3-no-power-of-two",
         description="cp 3, interleave 3: every group sharded and no block size a power of "
-        "two, so a slot mapping must divide; a sliding window; at world size 8 two CP groups "
-        "run it and two ranks sit it out",
-        groups=(GroupSpec(12), GroupSpec(6), GroupSpec(24, window=50, kernel_block_size=6)),
+        "two, so a slot mapping must divide; kernel blocks a third of a block; a sliding "
+        "window; at world size 8 two CP groups run it and two ranks sit it out",
+        groups=(GroupSpec(12), GroupSpec(6), GroupSpec(18, window=50, kernel_block_size=6)),
         cp_size=3,
         cp_interleave=3,
         num_steps=16,
@@ -236,6 +236,7 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
             "several_block_sizes",
             "kernel_blocks",
             "kernel_blocks_mixed",
+            "kernel_ratio_not_power_of_two",
             "spec_rejected",
             "spec_decode",
             "window_configured_under_cp",

@@ -85,6 +85,7 @@ CORNERS = (
     "many_groups",
     "kernel_blocks",
     "kernel_blocks_mixed",
+    "kernel_ratio_not_power_of_two",
     "interleave_eq_kernel",
     "small_slot_beside_pad",
     "unit_block_past_width",

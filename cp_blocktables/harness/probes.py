@@ -10,11 +10,13 @@ contract are about calls that must raise, and no legal workload makes them:
   gather that reads a count never published, and a gathered row that differs
   from its source raise `RuntimeError`.
 
-Three more must succeed: a legal config whose blocks are far larger than any
+Four more must succeed: a legal config whose blocks are far larger than any
 preset's (SPEC.md bounds only the slots) must build and map, so must a
 position past the table of a group without slot mapping (SPEC.md 3: that
-group's slots are all `PAD_SLOT_ID`, whatever the position), and a model of
-257 groups must build and apply (SPEC.md 1: 0..N groups).
+group's slots are all `PAD_SLOT_ID`, whatever the position) and a position
+past 2**61 (docs/contract-notes.md bounds positions below 2**62), and a
+model of 257 groups must build, apply, gather and map (SPEC.md 1: 0..N
+groups).
 
 An implementation that skips a rule computes every legal step right, so only
 a probe can tell. Each probe starts from the preset's own valid constructor
@@ -40,6 +42,8 @@ from .violations import Violation
 CONSTRUCTION = 9
 _HUGE_BITS = 44  # the huge-block probe scales every block size to [2**43, 2**45)
 _HUGE_ID = 3  # the block id row 0 holds there: its slots, below 4 * 2**45, fit int64
+_FAR_BITS = 59  # the far-position probe scales every block size to [2**58, 2**59)
+_FAR_POSITION = 2**61 + 5  # past 2**61, below the positions' bound of 2**62
 _MANY_GROUPS = 257  # one past the ints CPython shares: a length compared by identity fails
 _MANY_GROUPS_FROM = 6  # presets of this many groups or more probe it (`groups-6`)
 _PER_GROUP_DEFAULTS = {  # the optional per-group lists of SPEC.md 3 and 8.1, and their default
@@ -120,15 +124,21 @@ def run_probes(
     accepts: Accepts,
     cp_rank: int,
     fused: bool,
+    first_cp_group: bool = True,
 ) -> list[Violation]:
-    """Every probe for one rank; `cfg` and `kwargs` built its workload instance."""
+    """Every probe for one rank; `cfg` and `kwargs` built its workload instance.
+
+    `first_cp_group`: this rank belongs to the first CP group running the
+    preset; the probes that cost seconds run there alone (the other groups
+    build the same config)."""
     args = constructor_args(cfg, device)
     found = probe_construction(factory, args, kwargs, accepts, cp_rank)
     found += probe_huge_blocks(factory, args, kwargs, cp_rank)
+    found += probe_far_positions(factory, args, kwargs, cp_rank)
     if accepts.accepts("slot_mapping_enabled"):
         found += probe_disabled_group_positions(factory, args, kwargs, cp_rank)
     if len(cfg.block_sizes) >= _MANY_GROUPS_FROM:
-        found += probe_many_groups(factory, args, kwargs, cp_rank)
+        found += probe_many_groups(factory, args, kwargs, cp_rank, reads=first_cp_group)
     if kwargs.get("integrity_checks"):
         found += probe_integrity(factory, args, kwargs, cp_rank, fused)
     return found
@@ -216,6 +226,47 @@ def probe_huge_blocks(factory: Callable, args: list, kwargs: dict, cp_rank: int)
     return _legal_call(what, "it builds and maps", call, cp_rank)
 
 
+def probe_far_positions(
+    factory: Callable, args: list, kwargs: dict, cp_rank: int
+) -> list[Violation]:
+    """A legal position in `[2**61, 2**62)` must map.
+
+    docs/contract-notes.md bounds positions below 2**62 (the int64 slot
+    arithmetic stays clear of overflow there) and no lower: a bound taken a
+    bit short refuses positions the contract allows, and the sweep's far
+    presets stop near 2**31. Every block size (and kernel block size) of the
+    preset is scaled by one power of two into `[2**58, 2**59)`, each row 0
+    holds blocks `1, 2, ...` up to the one of position `_FAR_POSITION` (at
+    most nine, so every slot stays below 2**63), and row 0 maps positions 5
+    and `_FAR_POSITION`. The call must only not raise (the workload's checks
+    compare slots).
+    """
+    block_sizes = args[0]
+    if not block_sizes or args[1] < 1 or args[2] < 2:
+        return []
+    scale = [1 << max(0, _FAR_BITS - b.bit_length()) for b in block_sizes]
+    far = [b * f for b, f in zip(block_sizes, scale)]
+    kw = dict(kwargs)
+    if kwargs.get("kernel_block_sizes") is not None:
+        kw["kernel_block_sizes"] = [k * f for k, f in zip(kwargs["kernel_block_sizes"], scale)]
+    rules = probe_reference([far, *args[1:]], kw, cp_rank).rules
+    needed = [_FAR_POSITION // (b * c) + 1 for b, c in zip(far, rules.group_cp)]
+    device = args[4]
+
+    def call() -> None:
+        impl = factory(far, args[1], args[2], needed, device, **kw)
+        impl.append_block_ids(0, tuple(list(range(1, n + 1)) for n in needed), True)
+        impl.apply_staged_writes()
+        positions = i64([5, _FAR_POSITION], device)
+        impl.compute_slot_mappings(i32([0], device), i32([0, 2], device), positions, 2)
+
+    what = (
+        f"slot mapping of position {_FAR_POSITION} (2**61 + 5) in tables of block sizes {far} "
+        "(legal: positions are bounded below 2**62)"
+    )
+    return _legal_call(what, "it maps", call, cp_rank)
+
+
 def _legal_call(
     what: str, expected: str, call: Callable[[], None], cp_rank: int
 ) -> list[Violation]:
@@ -276,15 +327,20 @@ def probe_disabled_group_positions(
     return _legal_call(what, "it maps", call, cp_rank)
 
 
-def probe_many_groups(factory: Callable, args: list, kwargs: dict, cp_rank: int) -> list[Violation]:
-    """A model of 257 KV-cache groups must build, take a row and apply it.
+def probe_many_groups(
+    factory: Callable, args: list, kwargs: dict, cp_rank: int, reads: bool = True
+) -> list[Violation]:
+    """A model of 257 KV-cache groups must build, take a row and apply it, and with
+    `reads` gather it and map a token, each into caller-owned `out` tensors.
 
     SPEC.md 1 allows any number of groups; the sweep's presets have at most
     six. 257 is one past the small ints CPython shares, so a length compared
-    by identity (`is not` for `!=`) refuses a correct tensor of 257 entries.
-    The preset's groups repeat to 257, every per-group argument with them.
-    Only the apply runs: a gather or slot mapping over 257 groups costs
-    seconds in the interpreter, and presets of six groups or more probe it.
+    by identity (`is not` for `!=`) refuses a correct tensor or list of 257
+    entries: the writer's pointers, the gather's `out` list, the slot
+    mapping's `out` rows. The preset's groups repeat to 257, every per-group
+    argument with them. The gather and the slot mapping cost seconds in the
+    interpreter, so only presets of six groups or more probe them, on one CP
+    group. The results are not compared (the workload's checks do that).
     """
     n = len(args[0])
     if n < 1 or args[1] < 1:
@@ -297,10 +353,22 @@ def probe_many_groups(factory: Callable, args: list, kwargs: dict, cp_rank: int)
     block_sizes = [args[0][g] for g in cycle]
     max_blocks = [args[3][g] for g in cycle]
 
+    device = args[4]
+
     def call() -> None:
-        impl = factory(block_sizes, args[1], args[2], max_blocks, args[4], **kw)
+        impl = factory(block_sizes, args[1], args[2], max_blocks, device, **kw)
         impl.append_block_ids(0, tuple([1 + g] for g in range(_MANY_GROUPS)), True)
         impl.apply_staged_writes()
+        if not reads:
+            return
+        idx = i32([0], device)
+        out = [torch.zeros_like(t[:1]) for t in impl.input_block_tables]
+        impl.gather_block_tables(idx, 1, out=out)
+        slots = torch.zeros((_MANY_GROUPS, args[2]), dtype=torch.int64, device=device)
+        impl.compute_slot_mappings(idx, i32([0, 1], device), i64([0], device), 1, out=slots)
 
-    what = f"construction, one append and one apply with {_MANY_GROUPS} groups (legal: SPEC.md 1)"
-    return _legal_call(what, "it builds and applies", call, cp_rank)
+    what = f"construction, one append and one apply with {_MANY_GROUPS} groups" + (
+        ", a gather into `out` and a slot mapping into `out`" if reads else ""
+    )
+    done = "it builds, applies, gathers and maps" if reads else "it builds and applies"
+    return _legal_call(f"{what} (legal: SPEC.md 1)", done, call, cp_rank)

@@ -135,7 +135,7 @@ class _PresetRun:
             self.unsupported += [f"{m}: {UNSUPPORTED}" for m in missing]
         found += probes.run_probes(
             self.impl_cls, cfg, self.comm.device, kwargs, self.accepts, self.cp_rank,
-            fused=not missing,
+            fused=not missing, first_cp_group=self.cp_index == 0,
         )  # fmt: skip
         if self.cp_index == 0:  # every CP rank of the preset's config; the other groups repeat it
             woke, skipped = wake_probe.probe_wake_up(

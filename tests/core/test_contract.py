@@ -22,6 +22,11 @@ from cp_blocktables import BlockTables
         pytest.param(dict(max_num_reqs=0), "max_num_reqs must be >= 1", id="no-reqs"),
         pytest.param(dict(max_num_batched_tokens=-1), "max_num_batched_tokens", id="neg-tokens"),
         pytest.param(
+            dict(max_num_batched_tokens=2**29 + 1),
+            r"max_num_batched_tokens times the number of groups must be at most 2\*\*30",
+            id="slot-entries-past-2-30",
+        ),
+        pytest.param(
             dict(max_num_blocks_per_group=[8]),
             "max_num_blocks_per_group has 1 entries",
             id="blocks-len",

@@ -16,6 +16,7 @@ from tests.wrong_impls.catalogue_contract import (
     KernelBlocksNotChecked,
     OursIntegrityEntryByParity,
     OursIntegrityNamesCutRows,
+    OursIntegrityNamesDummyRows,
     OursIntegrityNamesEveryRowStale,
     OursIntegrityNamesMatchingGroups,
     OursIntegrityNamesSlotsBelowNone,
@@ -24,6 +25,8 @@ from tests.wrong_impls.catalogue_contract import (
     OursIntegrityTrustsDeviceCounts,
     OursLengthsByIdentity,
     OursOffsetBitsPerBlock,
+    OursOutListByIdentity,
+    OursPositionsBelow2To61,
     OursPositionsCheckedOnDisabledGroups,
     RankWrapped,
 )
@@ -32,7 +35,7 @@ from tests.wrong_impls.stand_in import StandInBlockTables
 RIGHT = {"ours": BlockTables, "pure-python": PurePython, "stand-in": StandInBlockTables}
 PRESETS = [
     "mutation",
-    "cp3-no-power-of-two",  # huge blocks scaled from 12, 6 and 24 with kernel blocks of 6
+    "cp3-no-power-of-two",  # huge blocks scaled from 12, 6 and 18 with kernel blocks of 6
     "mutation-cp1",
     "mutation-odd",
     "groups-0",
@@ -111,11 +114,21 @@ def test_a_gather_fault_behind_eight_rows_cut_short_must_be_named():
     """Rows cut short keep a stale entry past their count; an explanation that takes it for a
     difference names them, eight a group, and never the row that differs behind them."""
     found = _findings(OursIntegrityNamesCutRows, "cp2-i1", ranks=[0])
+    assert {v.check for v in found} == {10}, [v.describe() for v in found]
+    # Dummy rows read one entry past their count (row -1's) differ too: the next probe's.
+    cut = [v for v in found if "cut short by an overwrite, then row 15" in v.what]
+    assert len(cut) == 1, [v.describe() for v in found]
+    assert cut[0].expected == "RuntimeError naming one of 15, 8 (or a ValueError refusing the call)"
+
+
+def test_a_gather_fault_behind_eight_dummy_entries_must_be_named():
+    """A dummy entry gives a zero row whose source is never read; an explanation that takes
+    dummies for differing rows names them, eight a group, and never the row behind them.
+    `cp2-i1` has the nine rows and two groups of one kernel block factor it needs."""
+    found = _findings(OursIntegrityNamesDummyRows, "cp2-i1", ranks=[0])
     assert [v.check for v in found] == [10], [v.describe() for v in found]
-    assert "cut short by an overwrite, then row 15" in found[0].what
-    assert (
-        found[0].expected == "RuntimeError naming one of 15, 8 (or a ValueError refusing the call)"
-    )
+    assert "8 dummy entries (-1), then row" in found[0].what
+    assert found[0].actual.startswith("RuntimeError: gather_block_tables: group 0: batch row 0")
 
 
 def test_a_stale_count_behind_eight_clean_rows_must_be_named():
@@ -150,16 +163,46 @@ def test_a_construction_that_grows_with_the_block_size_is_check_9(preset):
     kernel block 6 in `cp3-no-power-of-two`): a right implementation builds them, one that
     keeps a bit per offset runs out of memory."""
     found = _findings(OursOffsetBitsPerBlock, preset, ranks=[0])
-    assert [(v.check, v.expected) for v in found] == [(9, "it builds and maps")], found
-    assert found[0].actual.startswith("MemoryError") and "legal" in found[0].what
+    # The far-position probe's blocks of 2**58 tokens fail it too.
+    assert [(v.check, v.expected) for v in found] == [(9, "it builds and maps"), (9, "it maps")]
+    assert all(v.actual.startswith("MemoryError") and "legal" in v.what for v in found)
 
 
-def test_a_model_of_257_groups_must_build_and_apply():
+READS_257 = "it builds, applies, gathers and maps"
+
+
+@pytest.mark.parametrize(
+    ("impl", "refusal"),
+    [
+        (OursLengthsByIdentity, "ValueError: block_table_ptrs"),
+        (OursOutListByIdentity, "ValueError: out has 257 tables"),
+    ],
+    ids=["writer-pointers", "gather-out-list"],
+)
+def test_a_model_of_257_groups_must_build_apply_gather_and_map(impl, refusal):
     """`groups-6` probes 257 groups (its six, repeated): a length compared by identity
     passes every preset and fails there, one past the ints CPython shares."""
-    found = _findings(OursLengthsByIdentity, "groups-6", ranks=[0])
-    assert [(v.check, v.expected) for v in found] == [(9, "it builds and applies")], found
-    assert found[0].actual.startswith("ValueError: block_table_ptrs") and "257" in found[0].what
+    found = _findings(impl, "groups-6", ranks=[0])
+    assert [(v.check, v.expected) for v in found] == [(9, READS_257)], found
+    assert found[0].actual.startswith(refusal) and "257" in found[0].what
+
+
+def test_the_257_group_reads_run_on_the_first_cp_group_alone():
+    """The reads cost seconds in the interpreter: the other CP groups build and apply only."""
+    p = presets.resolve(["groups-6"])[0]
+    args = probes.constructor_args(p.config(0), torch.device("cpu"))
+    kwargs = constructor_kwargs(p, 0, inspect_factory(OursOutListByIdentity))
+    assert probes.probe_many_groups(OursOutListByIdentity, args, kwargs, 0, reads=False) == []
+
+
+@pytest.mark.parametrize("preset", ["mutation", "cp3-no-power-of-two", "kbs-cp4", "groups-1"])
+def test_a_position_past_2_61_must_map(preset):
+    """Positions are bounded below 2**62; the sweep's far presets stop near 2**31, so only
+    the probe tells a bound of 2**61 from the right one."""
+    found = _findings(OursPositionsBelow2To61, preset, ranks=[0])
+    assert [(v.check, v.expected) for v in found] == [(9, "it maps")], found
+    assert found[0].actual.startswith("ValueError: positions must be below 2**61")
+    assert "2**61 + 5" in found[0].what
 
 
 @pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])

@@ -119,6 +119,29 @@ class OursLengthsByIdentity(BlockTables):
         super().apply_staged_writes()
 
 
+class OursPositionsBelow2To61(BlockTables):
+    """Bounds positions below 2**61 instead of 2**62: every position an engine reaches maps,
+    a legal one past 2**61 is refused with `ValueError`."""
+
+    def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, *args, **kwargs):
+        n = int(query_start_loc[-1])
+        if n and int(positions[:n].max()) >= 2**61:
+            raise ValueError(f"positions must be below 2**61, got {int(positions[:n].max())}")
+        return super().compute_slot_mappings(
+            idx_mapping, query_start_loc, positions, *args, **kwargs
+        )
+
+
+class OursOutListByIdentity(BlockTables):
+    """Checks the length of the gather's `out` list by identity (`is not` for `!=`): every
+    model up to 256 groups gathers into its own tensors, one of 257 is refused."""
+
+    def gather_block_tables(self, idx_mapping, num_reqs_padded, out=None, *args, **kwargs):
+        if out is not None and len(out) is not len(self.block_tables):
+            raise ValueError(f"out has {len(out)} tables for {len(self.block_tables)} groups")
+        return super().gather_block_tables(idx_mapping, num_reqs_padded, out, *args, **kwargs)
+
+
 class OursIntegrityNeverOn(BlockTables):
     """Takes `integrity_checks` and ignores it: the checks of SPEC.md 8.3 never run."""
 
@@ -178,6 +201,30 @@ class OursIntegrityNamesCutRows(BlockTables):
             for b, r in enumerate(idx_mapping.cpu().tolist()):
                 k = int(self.num_blocks.np[g, r]) + 1  # one entry too many
                 if not torch.equal(d[b, :k].cpu(), s[r, :k].cpu()):
+                    rows.append(f"group {g}: batch row {b} (request row {r}) differs")
+            named += rows[:8]
+        raise integrity.IntegrityError("gather_block_tables: " + "; ".join(named))
+
+
+class OursIntegrityNamesDummyRows(BlockTables):
+    """The gather check's explanation takes dummy entries (-1) for rows that differ: they are
+    named, eight a group at most, and behind eight of them the row that differs is never
+    named."""
+
+    def _check_gathered(self, dst, idx_mapping, num_computed_tokens) -> None:
+        sources = [t.gpu for t in self.block_tables]
+        counts = (self.num_blocks.gpu, self.num_blocks.np)
+        args = (dst, sources, idx_mapping, *counts, self.kernel_block_sizes,
+                self.sliding_window_reach, num_computed_tokens)  # fmt: skip
+        read = idx_mapping.cpu().tolist()
+        if min(read, default=0) >= 0 or not int(integrity.count_gather_faults(*args)):
+            return super()._check_gathered(dst, idx_mapping, num_computed_tokens)
+        named = []
+        for g, (d, s) in enumerate(zip(dst, sources, strict=True)):
+            rows = []
+            for b, r in enumerate(read):
+                k = int(self.num_blocks.np[g, r]) if r >= 0 else 0
+                if r < 0 or not torch.equal(d[b, :k].cpu(), s[r, :k].cpu()):
                     rows.append(f"group {g}: batch row {b} (request row {r}) differs")
             named += rows[:8]
         raise integrity.IntegrityError("gather_block_tables: " + "; ".join(named))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from cp_blocktables import BlockTables, buffers
+from cp_blocktables import block_tables as _bt
 
 
 class OursInt32Slots(BlockTables):
@@ -122,3 +123,20 @@ class OursDeviceByIndex(BlockTables):
         for g, t in enumerate(self.block_tables):
             if t.gpu.device != self.device:
                 raise ValueError(f"block_tables[{g}] lies on {t.gpu.device}, not {self.device}")
+
+
+def _kernel_ids_by_or(ids, m: int) -> list[int]:
+    return [b * m | k for b in ids for k in range(m)]
+
+
+class OursKernelIdsByOr(BlockTables):
+    """Expands allocator block `b` into kernel blocks `b * m | k` instead of `b * m + k`: the
+    same wherever `m` is a power of two, kernel blocks that repeat where it is not (3)."""
+
+    def append_block_ids(self, req_index, new_block_ids, overwrite) -> None:
+        saved = _bt._expand
+        _bt._expand = _kernel_ids_by_or
+        try:
+            super().append_block_ids(req_index, new_block_ids, overwrite)
+        finally:
+            _bt._expand = saved
