@@ -16,6 +16,10 @@ PAD_SLOT_ID = -1
 NULL_BLOCK_ID = 0
 """The reserved block: never given to a real request; warm-up writes are redirected into it."""
 
+MAX_SLOT_ENTRIES = 2**30
+"""The most entries of the slot-mapping buffer, `num_groups * max_num_batched_tokens`: the
+kernels index tokens in int32, a tile past the last token included (docs/contract-notes.md)."""
+
 INT32_MAX = 2**31 - 1
 
 
@@ -81,6 +85,12 @@ class BlockTablesConfig:
                 raise ValueError(f"block_sizes[{g}] must be >= 1, got {bs}")
         _check_int("max_num_reqs", self.max_num_reqs, 1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if max(n, 1) * self.max_num_batched_tokens > MAX_SLOT_ENTRIES:
+            raise ValueError(
+                f"max_num_batched_tokens times the number of groups must be at most 2**30 "
+                f"(the slot mappings index tokens in int32), got {self.max_num_batched_tokens} "
+                f"for {n} groups"
+            )
         blocks = _check_list("max_num_blocks_per_group", self.max_num_blocks_per_group, n, int)
         for g, m in enumerate(blocks):
             if m < 1:
