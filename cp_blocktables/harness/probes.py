@@ -352,7 +352,6 @@ def probe_many_groups(
             kw[key] = [kwargs[key][g] for g in cycle]
     block_sizes = [args[0][g] for g in cycle]
     max_blocks = [args[3][g] for g in cycle]
-
     device = args[4]
 
     def call() -> None:
