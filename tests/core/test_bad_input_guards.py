@@ -686,6 +686,38 @@ def test_the_device_rule_of_the_guards(device, tensor_on, same):
     assert guards.same_device(t, torch.device(device)) is same
 
 
+def test_the_device_rule_compares_device_types_for_equality():
+    """A device type is the same or another, not earlier or later: with torch's extension
+    backend renamed `aaa` (a type that sorts before `cpu`), in a child process because the
+    rename cannot be undone, `cpu` refuses a tensor on `aaa` and `aaa` a host tensor."""
+    script = textwrap.dedent(
+        """
+        from types import SimpleNamespace
+        import torch
+        from cp_blocktables import guards
+        torch.utils.rename_privateuse1_backend("aaa")
+        cases = {
+            "cpu-refuses-aaa": ("cpu", "aaa", False),
+            "aaa-refuses-cpu": ("aaa", "cpu", False),
+            "aaa-takes-aaa": ("aaa", "aaa", True),
+        }
+        for case, (device, tensor_on, same) in cases.items():
+            t = SimpleNamespace(device=torch.device(tensor_on))
+            got = guards.same_device(t, torch.device(device))
+            print(case, "ok" if got is same else f"got {got}")
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:3] == [
+        "cpu-refuses-aaa ok",
+        "aaa-refuses-cpu ok",
+        "aaa-takes-aaa ok",
+    ]
+
+
 def test_a_cpu_device_with_an_index_builds_and_maps():
     """`torch.device("cpu:0")` names the host as `cpu` does; its tensors report `cpu`, so the
     guards must not refuse the tables built on it."""
