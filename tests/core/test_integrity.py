@@ -52,6 +52,27 @@ def test_aliased_slots_name_group_slot_and_both_tokens(torch_device):
 
 
 @pytest.mark.parametrize(
+    "third",
+    [pytest.param(6, id="third-slot-above"), pytest.param(4, id="third-slot-below")],
+)
+def test_a_shared_slot_names_its_two_tokens_beside_a_third_live_one(torch_device, third):
+    """Rows 0 and 1 share block 5 of group 0 (slot 83); row 2's token holds a slot of its
+    own above or below it. The error names the two tokens that share the slot (SPEC.md
+    8.3), never the third, whichever way the slots sort."""
+    bt = make(torch_device)
+    for r, row_ids in enumerate((([5], [7]), ([5], [8]), ([third], [9]))):
+        bt.append_block_ids(r, row_ids, False)
+    bt.apply_staged_writes()
+    with pytest.raises(IntegrityError) as e:
+        slots(bt, [0, 1, 2], [0, 1, 2, 3], [3, 3, 3])
+    assert (
+        "group 0: slot 83 is shared by token 0 (batch entry 0, row 0, position 3) and "
+        "token 1 (batch entry 1, row 1, position 3)"
+    ) in str(e.value)
+    assert "token 2" not in str(e.value)
+
+
+@pytest.mark.parametrize(
     ("ids", "named"),
     [
         pytest.param(
