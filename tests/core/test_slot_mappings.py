@@ -410,6 +410,41 @@ def test_a_batch_longer_than_the_output_buffer_writes_only_the_buffer(
     assert (wide[:, out_len:] == GARBAGE).all()
 
 
+@pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
+@pytest.mark.parametrize(
+    "qsl",
+    [
+        pytest.param([0, 3, -1, 6], id="entry-2-starts-at-minus-1"),
+        pytest.param([0, -5, 6], id="entry-1-starts-at-minus-5"),
+    ],
+)
+def test_an_unchecked_negative_query_start_loc_entry_writes_only_the_buffer(
+    torch_device, force_layout, layout, qsl
+):
+    """Unchecked input (validation off): a `query_start_loc` entry below 0, so the starts
+    decrease (refused when validating, docs/bad-input.md: `[qsl-decreasing]`). The kernels
+    still store no entry outside the buffer (docs/contract-notes.md, input checks): `out` is
+    a view one column into a wider tensor, and the columns before and after it (token -1 of
+    each group, and the last column) keep their garbage. A request program starting at a
+    negative token would store token -1 there. `positions` is a view one entry into a longer
+    tensor, so that a read of token -1's position stays inside its allocation."""
+    rows = [3, 1, 6][: len(qsl) - 1]
+    bt, _ = _build(torch_device, _config(), [(r, 0, 1) for r in rows], 1)
+    bt.validate_inputs = False
+    idx = torch.tensor(rows, dtype=torch.int32)
+    out_len = bt.max_num_batched_tokens
+    pos = torch.zeros(1 + out_len, dtype=torch.int64, device=torch_device)[1:]
+    shape = (bt.num_kv_cache_groups, out_len + 2)
+    wide = torch.full(shape, GARBAGE, dtype=torch.int64, device=torch_device)
+    t = lambda a: a.to(torch_device)  # noqa: E731
+    force_layout(layout)
+    bt.compute_slot_mappings(
+        t(idx), t(torch.tensor(qsl, dtype=torch.int32)), pos, out_len, out=wide[:, 1 : 1 + out_len],
+    )  # fmt: skip
+    assert (wide[:, 0] == GARBAGE).all()
+    assert (wide[:, -1] == GARBAGE).all()
+
+
 def test_a_short_step_in_a_buffer_past_a_request_programs_reach_pads_every_entry(torch_device):
     """A buffer longer than SMALL_BATCH_TOKENS (9,100 tokens) and a step of two short requests:
     the host maps it by request, and its tail programs pad every entry past the batch up to
