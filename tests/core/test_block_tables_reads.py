@@ -353,6 +353,18 @@ def test_long_prefill_spanning_many_tiles(host_tiles, pair):
 # ------------------------------------------------------------------ what a GPU compiles
 
 
+def _compiled_gather_ttir(constants: dict) -> str:
+    """The gather kernel's TTIR as Triton compiles it for a Hopper GPU (no GPU needed)."""
+    kernel = gather._gather_block_tables_kernel._compiled
+    signature = {name: "i32" for name in kernel.arg_names}
+    signature.update(
+        idx_mapping="*i32", src_ptrs="*u64", src_strides="*i64", dst_ptrs="*u64",
+        dst_strides="*i64", widths="*i32", num_blocks="*i32", block_sizes="*i64",
+        reaches="*i64", num_computed_tokens="*i32",
+    )  # fmt: skip
+    return hopper_ttir(kernel, signature, constants)
+
+
 @needs_cuda_backend
 @pytest.mark.parametrize("mask_window", [False, True], ids=["no-window", "sliding-window"])
 def test_the_compiled_gather_builds_and_divides_no_flags(mask_window):
@@ -361,15 +373,18 @@ def test_the_compiled_gather_builds_and_divides_no_flags(mask_window):
     must be a `dual_device_fn` for the compiled kernel to call it at all, and no integer
     division may take a flag operand (`hopper.flag_divisions`): a row's `real` divided by
     `r < max_num_reqs` would read rows past the table on a GPU."""
-    kernel = gather._gather_block_tables_kernel._compiled
-    signature = {name: "i32" for name in kernel.arg_names}
-    signature.update(
-        idx_mapping="*i32", src_ptrs="*u64", src_strides="*i64", dst_ptrs="*u64",
-        dst_strides="*i64", widths="*i32", num_blocks="*i32", block_sizes="*i64",
-        reaches="*i64", num_computed_tokens="*i32",
-    )  # fmt: skip
     rows, constants = gather._gather_meta(False, 100, mask_window, 0)
     assert (rows, constants["COLS"]) == (16, 128)  # 2048 entries a program, 128 columns
-    ttir = hopper_ttir(kernel, signature, constants)
+    ttir = _compiled_gather_ttir(constants)
     assert "tt.store" in ttir
     assert flag_divisions(ttir) == []
+
+
+@needs_cuda_backend
+@pytest.mark.parametrize("max_width", [257, 2100], ids=["257-wide", "2100-wide"])
+def test_the_compiled_gather_of_wide_tables_takes_512_columns(max_width):
+    """Past 256 columns a GPU's program is 4 rows x 512 columns, a power of two (the extent
+    of `tl.arange`; any other extent does not compile), looped over the columns."""
+    rows, constants = gather._gather_meta(False, max_width, True, 0)
+    assert (rows, constants["ROWS"], constants["COLS"]) == (4, 4, 512)
+    assert "tt.store" in _compiled_gather_ttir(constants)
