@@ -33,6 +33,7 @@ from .planted import (
     i32,
     i64,
     stale_behind_clean_rows,
+    stale_into_dirty_out,
 )
 from .violations import Violation
 
@@ -138,7 +139,8 @@ def probe_integrity(
     unshared ones must be named too, and so must one request alone in its batch
     whose row holds one block twice. A stale count, both ways: a row grown by
     an append, and a row cut short by an overwrite with fewer blocks, after the
-    last apply, then a gather of that row, alone and behind eight clean rows
+    last apply, then a gather of that row, alone, into `out` tensors holding
+    other ids (`stale_into_dirty_out`) and behind eight clean rows
     (`stale_behind_clean_rows`). `fused`:
     the implementation has `gather_and_compute_slot_mappings` (section 8.2),
     whose effects are those of both calls, checks included. A gathered row
@@ -188,6 +190,14 @@ def probe_integrity(
 
         what = f"{how} of row {row} {change} after the last apply_staged_writes (a stale count)"
         found += _expect_error(what, setup, cp_rank, rows)
+    if two_fit:
+        found += _expect_error(
+            f"gather_block_tables of row {row} grown by an append after the last "
+            "apply_staged_writes, into out tensors holding other ids (a stale count)",
+            lambda: stale_into_dirty_out(factory, args, kwargs, ref, row),
+            cp_rank,
+            rows,
+        )
     if two_fit and ref.rules.max_num_reqs > CUT_ROWS:
         found += _expect_error(
             f"gather_block_tables of rows 0 to {CUT_ROWS - 1}, clean, then row {row}, cut "

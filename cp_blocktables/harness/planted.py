@@ -118,6 +118,23 @@ def fault_behind_dummy_rows(
     return lambda: impl.gather_block_tables(idx, num_rows, out=outs)
 
 
+def stale_into_dirty_out(
+    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, row: int
+) -> Callable[[], object]:
+    """`row` holds one block, applied, then one more by an append with no apply after it (a
+    stale count); the gather writes into caller-owned `out` tensors that hold other ids. The
+    entry the stale count leaves uncopied then differs from its source as well: a check that
+    lets the two findings cancel (a difference less a stale count) raises nothing, where
+    zeroed tables, equal to the unwritten source there, hide the difference."""
+    device, n = args[4], ref.rules.num_groups
+    impl = filled(factory, args, kwargs, {row: [[SHARED_ID]] * n})
+    impl.append_block_ids(row, tuple([FRESH_ID] for _ in range(n)), False)  # no apply
+    outs = [
+        torch.full((1, w), FRESH_ID + 1, dtype=torch.int32, device=device) for w in ref.rules.width
+    ]
+    return lambda: impl.gather_block_tables(i32([row], device), 1, out=outs)
+
+
 def aliased_gather(
     factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, row: int
 ) -> Callable[[], object]:

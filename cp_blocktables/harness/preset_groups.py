@@ -82,11 +82,11 @@ GROUP_PRESETS: tuple[Preset, ...] = (
     ),
     Preset(
         name="groups-6",
-        description="cp 1, six groups: block sizes 4 to 128, two windows of other reaches",
+        description="cp 1, six groups: block sizes 1 to 128, two windows of other reaches",
         groups=(
             GroupSpec(16),
             GroupSpec(32, window=64),
-            GroupSpec(8),
+            GroupSpec(1),
             GroupSpec(128),
             GroupSpec(16, enabled=False),
             GroupSpec(4, window=10),
@@ -104,6 +104,7 @@ GROUP_PRESETS: tuple[Preset, ...] = (
         corners=frozenset(
             {
                 "many_groups",
+                "unit_block_beside_window",
                 "writes_past_max_reqs",
                 "append_then_overwrite",
                 "overflow_refused",

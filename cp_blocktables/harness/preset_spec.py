@@ -89,6 +89,7 @@ CORNERS = (
     "interleave_eq_kernel",
     "small_slot_beside_pad",
     "unit_block_past_width",
+    "unit_block_beside_window",
 )
 """Every corner the workload generator counts (SPEC.md section 6's list, spelled out)."""
 

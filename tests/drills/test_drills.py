@@ -102,10 +102,12 @@ INTEGRITY = {
     "ours_integrity_names_every_row_stale",
     "ours_integrity_entry_by_parity",
     "ours_integrity_names_dummy_rows",
+    "ours_integrity_stale_cancels",
 }
 # A CP size or a kernel-block ratio that is no power of two takes the sweep's
-# `cp3-no-power-of-two`, exactly two groups its `cp2-past-2-31`, 257 groups the probe of
-# `groups-6`, a sharded group of block size 1 `cp2-unit-blocks`; `verify` catches them.
+# `cp3-no-power-of-two`, exactly two groups its `cp2-past-2-31`, 257 groups and a group of
+# one-token blocks beside windows `groups-6`, a sharded group of block size 1
+# `cp2-unit-blocks`; `verify` catches them.
 LAYOUTS = {
     "cp_modulo_as_mask",
     "ours_two_groups_unfused",
@@ -113,6 +115,7 @@ LAYOUTS = {
     "ours_span_by_power",
     "ours_out_list_by_identity",
     "ours_kernel_ids_by_or",
+    "ours_unit_block_masked_unwindowed",
 }
 DRILLED = {
     n: entry for n, entry in CATALOGUE.items() if n not in SIZE_REGIMES | INTEGRITY | LAYOUTS

@@ -23,6 +23,7 @@ from .catalogue_contract import (
     OursIntegrityNamesSlotsBelowNone,
     OursIntegrityNeverOn,
     OursIntegrityNullBlockOneSlotLong,
+    OursIntegrityStaleCancels,
     OursIntegrityTrustsDeviceCounts,
     OursLengthsByIdentity,
     OursOffsetBitsPerBlock,
@@ -43,6 +44,7 @@ from .catalogue_ours import (
     OursNullBlockRefused,
     OursRowsByWidth,
     OursTwoGroupsUnfused,
+    OursUnitBlockMaskedUnwindowed,
 )
 from .catalogue_slots import (
     AllRanksWrite,
@@ -167,5 +169,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_out_list_by_identity": _entry(OursOutListByIdentity, 9),
     "ours_kernel_ids_by_or": _entry(OursKernelIdsByOr, 6),
     "ours_integrity_names_dummy_rows": _entry(OursIntegrityNamesDummyRows, 10),
+    "ours_integrity_stale_cancels": _entry(OursIntegrityStaleCancels, 10),
+    "ours_unit_block_masked_unwindowed": _entry(OursUnitBlockMaskedUnwindowed, 6),
 }
 """name -> (`--impl` spec, the check that must report it)."""

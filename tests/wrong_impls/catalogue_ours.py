@@ -140,3 +140,27 @@ class OursKernelIdsByOr(BlockTables):
             super().append_block_ids(req_index, new_block_ids, overwrite)
         finally:
             _bt._expand = saved
+
+
+class OursUnitBlockMaskedUnwindowed(BlockTables):
+    """A masking gather takes the dead bound of a group without a window as 1 instead of -1:
+    such a group of one-token kernel blocks loses entry 0 of every row whose computed tokens
+    are one or more, beside any group that has a window."""
+
+    def gather_block_tables(
+        self, idx_mapping, num_reqs_padded, out=None, out_ptrs=None, num_computed_tokens=None
+    ):
+        tables = super().gather_block_tables(
+            idx_mapping, num_reqs_padded, out, out_ptrs, num_computed_tokens
+        )
+        if num_computed_tokens is None or not any(self.sliding_window_reach):
+            return tables
+        rows = idx_mapping.cpu().tolist()
+        computed = num_computed_tokens.cpu().tolist()
+        for g, t in enumerate(tables):
+            if self.sliding_window_reach[g] or self.kernel_block_sizes[g] != 1:
+                continue
+            for b, r in enumerate(rows):
+                if r >= 0 and computed[r] >= 1:
+                    t[b, 0] = 0
+        return tables
