@@ -61,6 +61,18 @@ def equal_pair(ref: ReferenceBlockTables) -> tuple[int, int] | None:
     return next(((a, b) for a, b in itertools.combinations(fit, 2) if m[a] == m[b]), None)
 
 
+def _pair_sharing_out(
+    num_rows: int, width: int, n: int, pair: tuple, device: torch.device
+) -> list[torch.Tensor]:
+    """Zeroed `out` tensors of `num_rows` x `width`, one for each of `n` groups, but one for
+    both groups of `pair`."""
+    shared = torch.zeros((num_rows, width), dtype=torch.int32, device=device)
+    return [
+        shared if g in pair else torch.zeros((num_rows, width), dtype=torch.int32, device=device)
+        for g in range(n)
+    ]
+
+
 def fault_behind_cut_rows(
     factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, pair: tuple
 ) -> Callable[[], object]:
@@ -79,16 +91,11 @@ def fault_behind_cut_rows(
     impl.apply_staged_writes()
     for r in range(CUT_ROWS):
         impl.append_block_ids(r, tuple([SHARED_ID + 2 * r] for _ in range(n)), True)
-    a, b = pair
     fault = SHARED_ID + 2 * CUT_ROWS  # past the cut rows' ids
-    impl.append_block_ids(last, tuple([fault + (g == b)] for g in range(n)), True)
+    impl.append_block_ids(last, tuple([fault + (g == pair[1])] for g in range(n)), True)
     impl.apply_staged_writes()
-    num_rows, width = CUT_ROWS + 1, max(rules.width)
-    shared = torch.zeros((num_rows, width), dtype=torch.int32, device=device)
-    outs = [
-        shared if g in pair else torch.zeros((num_rows, width), dtype=torch.int32, device=device)
-        for g in range(n)
-    ]
+    num_rows = CUT_ROWS + 1
+    outs = _pair_sharing_out(num_rows, max(rules.width), n, pair, device)
     idx = i32([*range(CUT_ROWS), last], device)
     return lambda: impl.gather_block_tables(idx, num_rows, out=outs)
 
@@ -108,12 +115,8 @@ def fault_behind_dummy_rows(
     impl.append_block_ids(0, tuple([SHARED_ID + 2] for _ in range(n)), True)
     impl.append_block_ids(last, tuple([SHARED_ID + (g == pair[1])] for g in range(n)), True)
     impl.apply_staged_writes()
-    num_rows, width = CUT_ROWS + 1, max(rules.width)
-    shared = torch.zeros((num_rows, width), dtype=torch.int32, device=device)
-    outs = [
-        shared if g in pair else torch.zeros((num_rows, width), dtype=torch.int32, device=device)
-        for g in range(n)
-    ]
+    num_rows = CUT_ROWS + 1
+    outs = _pair_sharing_out(num_rows, max(rules.width), n, pair, device)
     idx = i32([-1] * CUT_ROWS + [last], device)
     return lambda: impl.gather_block_tables(idx, num_rows, out=outs)
 

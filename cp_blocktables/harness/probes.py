@@ -189,6 +189,16 @@ def probe_construction(
     return found
 
 
+def _scaled_blocks(block_sizes: list, kwargs: dict, bits: int) -> tuple[list[int], dict]:
+    """Every block size (and kernel block size) scaled by one power of two into
+    `[2**(bits - 1), 2**bits)`: every divisibility rule of the preset still holds."""
+    scale = [1 << max(0, bits - b.bit_length()) for b in block_sizes]
+    kw = dict(kwargs)
+    if kwargs.get("kernel_block_sizes") is not None:
+        kw["kernel_block_sizes"] = [k * f for k, f in zip(kwargs["kernel_block_sizes"], scale)]
+    return [b * f for b, f in zip(block_sizes, scale)], kw
+
+
 def probe_huge_blocks(factory: Callable, args: list, kwargs: dict, cp_rank: int) -> list[Violation]:
     """A legal config of huge blocks must build, take a row and map two positions.
 
@@ -205,11 +215,7 @@ def probe_huge_blocks(factory: Callable, args: list, kwargs: dict, cp_rank: int)
     block_sizes = args[0]
     if not block_sizes or args[1] < 1 or args[2] < 2:
         return []
-    scale = [1 << max(0, _HUGE_BITS - b.bit_length()) for b in block_sizes]
-    huge = [b * f for b, f in zip(block_sizes, scale)]
-    kw = dict(kwargs)
-    if kwargs.get("kernel_block_sizes") is not None:
-        kw["kernel_block_sizes"] = [k * f for k, f in zip(kwargs["kernel_block_sizes"], scale)]
+    huge, kw = _scaled_blocks(block_sizes, kwargs, _HUGE_BITS)
     device = args[4]
 
     def call() -> None:
@@ -244,11 +250,7 @@ def probe_far_positions(
     block_sizes = args[0]
     if not block_sizes or args[1] < 1 or args[2] < 2:
         return []
-    scale = [1 << max(0, _FAR_BITS - b.bit_length()) for b in block_sizes]
-    far = [b * f for b, f in zip(block_sizes, scale)]
-    kw = dict(kwargs)
-    if kwargs.get("kernel_block_sizes") is not None:
-        kw["kernel_block_sizes"] = [k * f for k, f in zip(kwargs["kernel_block_sizes"], scale)]
+    far, kw = _scaled_blocks(block_sizes, kwargs, _FAR_BITS)
     rules = probe_reference([far, *args[1:]], kw, cp_rank).rules
     needed = [_FAR_POSITION // (b * c) + 1 for b, c in zip(far, rules.group_cp)]
     device = args[4]
