@@ -370,17 +370,18 @@ def test_gather_refuses_an_out_list_of_the_wrong_length(torch_device):
 
 
 @pytest.mark.parametrize(
-    "case", ["3-d", "too-short", "too-narrow", "column-stride-2", "column-stride-0"]
+    "case", ["1-d", "3-d", "too-short", "too-narrow", "column-stride-2", "column-stride-0"]
 )
 def test_gather_refuses_an_out_table_of_the_wrong_shape_or_stride(torch_device, case):
-    """`out[1]` wrong in one property alone, rows disjoint: 3-D (`[4, 4, 1]`), 1 of the 2
-    rows gathered, 3 of the group's 4 columns, every other column of a wider table, or one
-    entry a row seen as 4 columns (column stride 0, row stride 8). Refused, and nothing is
-    written, not even past the view into the table it was cut from
+    """`out[1]` wrong in one property alone, rows disjoint: 1-D (8 entries), 3-D
+    (`[4, 4, 1]`), 1 of the 2 rows gathered, 3 of the group's 4 columns, every other column
+    of a wider table, or one entry a row seen as 4 columns (column stride 0, row stride 8).
+    Refused, and nothing is written, not even past the view into the table it was cut from
     (docs/contract-notes.md)."""
     bt = _bt_with_rows(torch_device)
     base = torch.full((4, 8), 9, dtype=torch.int32, device=torch_device)
     wrong = {
+        "1-d": base[0].clone(),
         "3-d": base[:, :4].reshape(4, 4, 1).clone(),
         "too-short": base[:1, :4],
         "too-narrow": base[:, :3],

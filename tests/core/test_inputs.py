@@ -144,13 +144,14 @@ def test_a_numpy_row_is_taken_with_any_number_of_groups():
         pytest.param(2**62 - 1, True, 3 * 2**61 - 1, id="last-below-2**62-maps"),
         pytest.param(2**62, False, -1, id="2**62-unchecked-pads"),
         pytest.param(2**62, True, None, id="2**62-refused"),
+        pytest.param(2**62 + 1, True, None, id="past-2**62-refused"),
     ],
 )
 def test_positions_are_bounded_by_2_62_in_a_table_that_spans_more(position, validate, slot):
     """Blocks of 2**61 tokens in four columns span 2**63 positions, past the slot arithmetic's
     int64 bound for positions: 2**62 - 1 maps (block 2 of row 0, ids 1 to 4); 2**62 maps to
-    PAD unchecked, as a position outside a table does, and checked is refused by name,
-    changing nothing."""
+    PAD unchecked, as a position outside a table does, and checked it and every position past
+    it are refused by name, changing nothing."""
     bt = BlockTables([2**61], 2, 8, [4], torch.device("cpu"))
     bt.validate_inputs = validate
     bt.append_block_ids(0, ([1, 2, 3, 4],), True)
@@ -160,6 +161,6 @@ def test_positions_are_bounded_by_2_62_in_a_table_that_spans_more(position, vali
         assert bt.compute_slot_mappings(*args)[0, :1].tolist() == [slot]
         return
     before = state(bt)
-    with pytest.raises(ValueError, match=rf"positions must be below 2\*\*62, got {2**62}"):
+    with pytest.raises(ValueError, match=rf"positions must be below 2\*\*62, got {position}$"):
         bt.compute_slot_mappings(*args)
     assert_same(before, state(bt))
