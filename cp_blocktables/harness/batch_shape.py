@@ -94,7 +94,7 @@ class _BatchShape:
             nct = True
         step.num_computed_tokens = step.nct_rows.copy() if nct else None
         c["nct_present" if nct else "nct_absent"] += 1
-        c["unit_block_beside_window"] += nct and self.unit_block_unwindowed
+        c["unit_block_beside_window"] += nct and self.unit_block_beside_window
         if rng.random() < p.fused_read_prob or self._overdue("fused_read"):
             step.fused_read = True
             c["fused_read"] += 1

@@ -117,7 +117,7 @@ class _LifeCycle:
         self.pass_nct = any(w > 0 for w in cfg.sliding_window_reach)
         # Window masking beside a group of one-token kernel blocks and no window: a dead bound
         # of reach 0 taken as 0 or 1 instead of -1 masks that group's entry 0.
-        self.unit_block_unwindowed = any(self.reach) and any(
+        self.unit_block_beside_window = any(self.reach) and any(
             w == 0 and b == m for w, b, m in zip(rules.reach, rules.block_sizes, rules.m)
         )
         self.alloc = [_Allocator(*preset.block_id_range(g)) for g in range(self.num_groups)]

@@ -142,6 +142,22 @@ class OursOutListByIdentity(BlockTables):
         return super().gather_block_tables(idx_mapping, num_reqs_padded, out, *args, **kwargs)
 
 
+def _gather_faults(impl: BlockTables, dst, idx_mapping, num_computed_tokens) -> int:
+    """What the right gather check counts: differing entries of real rows plus stale counts."""
+    return int(
+        integrity.count_gather_faults(
+            dst,
+            [t.gpu for t in impl.block_tables],
+            idx_mapping,
+            impl.num_blocks.gpu,
+            impl.num_blocks.np,
+            impl.kernel_block_sizes,
+            impl.sliding_window_reach,
+            num_computed_tokens,
+        )  # fmt: skip
+    )
+
+
 class OursIntegrityNeverOn(BlockTables):
     """Takes `integrity_checks` and ignores it: the checks of SPEC.md 8.3 never run."""
 
@@ -167,10 +183,7 @@ class OursIntegrityNamesMatchingGroups(BlockTables):
 
     def _check_gathered(self, dst, idx_mapping, num_computed_tokens) -> None:
         sources = [t.gpu for t in self.block_tables]
-        counts = (self.num_blocks.gpu, self.num_blocks.np)
-        args = (dst, sources, idx_mapping, *counts, self.kernel_block_sizes,
-                self.sliding_window_reach, num_computed_tokens)  # fmt: skip
-        if not int(integrity.count_gather_faults(*args)):
+        if not _gather_faults(self, dst, idx_mapping, num_computed_tokens):
             return
         named = []
         for g, (d, s) in enumerate(zip(dst, sources, strict=True)):
@@ -188,12 +201,9 @@ class OursIntegrityNamesCutRows(BlockTables):
 
     def _check_gathered(self, dst, idx_mapping, num_computed_tokens) -> None:
         sources = [t.gpu for t in self.block_tables]
-        counts = (self.num_blocks.gpu, self.num_blocks.np)
-        args = (dst, sources, idx_mapping, *counts, self.kernel_block_sizes,
-                self.sliding_window_reach, num_computed_tokens)  # fmt: skip
         read = [r for r in idx_mapping.cpu().tolist() if r >= 0]
         stale = (self.num_blocks.gpu.cpu().numpy()[:, read] != self.num_blocks.np[:, read]).any()
-        if stale or not int(integrity.count_gather_faults(*args)):
+        if stale or not _gather_faults(self, dst, idx_mapping, num_computed_tokens):
             return super()._check_gathered(dst, idx_mapping, num_computed_tokens)
         named = []
         for g, (d, s) in enumerate(zip(dst, sources, strict=True)):
@@ -213,11 +223,10 @@ class OursIntegrityNamesDummyRows(BlockTables):
 
     def _check_gathered(self, dst, idx_mapping, num_computed_tokens) -> None:
         sources = [t.gpu for t in self.block_tables]
-        counts = (self.num_blocks.gpu, self.num_blocks.np)
-        args = (dst, sources, idx_mapping, *counts, self.kernel_block_sizes,
-                self.sliding_window_reach, num_computed_tokens)  # fmt: skip
         read = idx_mapping.cpu().tolist()
-        if min(read, default=0) >= 0 or not int(integrity.count_gather_faults(*args)):
+        if min(read, default=0) >= 0 or not _gather_faults(
+            self, dst, idx_mapping, num_computed_tokens
+        ):
             return super()._check_gathered(dst, idx_mapping, num_computed_tokens)
         named = []
         for g, (d, s) in enumerate(zip(dst, sources, strict=True)):
@@ -236,14 +245,10 @@ class OursIntegrityStaleCancels(BlockTables):
     the entry its stale count leaves uncopied, and the two findings cancel."""
 
     def _check_gathered(self, dst, idx_mapping, num_computed_tokens) -> None:
-        sources = [t.gpu for t in self.block_tables]
-        counts = (self.num_blocks.gpu, self.num_blocks.np)
-        args = (dst, sources, idx_mapping, *counts, self.kernel_block_sizes,
-                self.sliding_window_reach, num_computed_tokens)  # fmt: skip
         read = [r for r in idx_mapping.cpu().tolist() if 0 <= r < self.max_num_reqs]
         published = self.num_blocks.gpu.cpu().numpy()[:, read]
         stale = int((published != self.num_blocks.np[:, read]).sum())
-        if int(integrity.count_gather_faults(*args)) - 2 * stale == 0:
+        if _gather_faults(self, dst, idx_mapping, num_computed_tokens) == 2 * stale:
             return
         super()._check_gathered(dst, idx_mapping, num_computed_tokens)
 
