@@ -249,7 +249,7 @@ class _WriteBuffers:
         self.tensor_ids = pool(capacity, torch.int32)
         self.rows = pool(capacity, torch.int32)
         self.starts = pool(capacity, torch.int32)
-        self.cu_lens = pool(capacity, torch.int32)
+        self.cu_lens = pool(capacity + 1, torch.int32)
         self.contents = pool(kernels.next_power_of_2(max(capacity, 1)), dtype)
 
     def publish(self, parts: list[tuple[int, _Writes]]) -> tuple[torch.Tensor, ...]:
@@ -257,14 +257,16 @@ class _WriteBuffers:
 
         `parts` holds `(tensor_index, writes)`; returns device views of
         `(tensor_ids, rows, starts, cu_lens, contents)`, `cu_lens` running over
-        all parts. Filling slices avoids concatenating Python lists.
+        all parts from a leading 0 (one entry more than there are writes: a
+        buffer is allocated zeroed and its entry 0 is never written). Filling
+        slices avoids concatenating Python lists.
         """
         num_writes = sum(len(w[0]) for _, w in parts)
         num_elems = sum(len(w[2]) for _, w in parts)
-        ids, rows, starts, cu_lens = (
-            pool._take(num_writes)
-            for pool in (self.tensor_ids, self.rows, self.starts, self.cu_lens)
+        ids, rows, starts = (
+            pool._take(num_writes) for pool in (self.tensor_ids, self.rows, self.starts)
         )
+        cu_lens = self.cu_lens._take(num_writes + 1)
         contents = self.contents._take(num_elems)
         w = e = 0
         for index, (r, s, c, cu) in parts:
@@ -272,13 +274,14 @@ class _WriteBuffers:
             ids.np[w : w + n] = index
             rows.np[w : w + n] = r
             starts.np[w : w + n] = s
-            cu_lens.np[w : w + n] = cu
+            cu_lens.np[w + 1 : w + n + 1] = cu
             if e:
-                cu_lens.np[w : w + n] += e
+                cu_lens.np[w + 1 : w + n + 1] += e
             contents.np[e : e + m] = c
             w, e = w + n, e + m
         return tuple(
-            b.dev[:n] for b, n in ((ids, w), (rows, w), (starts, w), (cu_lens, w), (contents, e))
+            b.dev[:n]
+            for b, n in ((ids, w), (rows, w), (starts, w), (cu_lens, w + 1), (contents, e))
         )
 
 

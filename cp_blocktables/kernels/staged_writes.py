@@ -16,7 +16,7 @@ def _apply_writes_kernel(
     tensor_ids,  # int32 [num_writes] (FUSED only)
     rows,  # int32 [num_writes]
     starts,  # int32 [num_writes]
-    cu_lens,  # int32 [num_writes] end of each write's contents
+    cu_lens,  # int32 [num_writes + 1] where each write's contents begin; then num_elems
     contents,  # [num_elems]
     num_writes,
     num_elems,
@@ -26,18 +26,18 @@ def _apply_writes_kernel(
 ):
     e = tl.program_id(0) * TILE + tl.arange(0, TILE)  # [TILE] content element
     live = e < num_elems
-    # Binary search: the write w with cu_lens[w - 1] <= e < cu_lens[w].
+    # Binary search: the write w with cu_lens[w] <= e < cu_lens[w + 1].
     lo = tl.full([TILE], 0, dtype=tl.int32)
     hi = lo + num_writes
     for _ in range(SEARCH_STEPS):
         mid = (lo + hi) // 2
         active = lo < hi
-        end = tl.load(cu_lens + mid, mask=live & active, other=0)
+        end = tl.load(cu_lens + mid + 1, mask=live & active, other=0)
         right = end <= e
         lo = tl.where(active & right, mid + 1, lo)
         hi = tl.where(active & (right == 0), mid, hi)
     w = lo
-    begin = tl.load(cu_lens + w - 1, mask=live & (w > 0), other=0)
+    begin = tl.load(cu_lens + w, mask=live, other=0)
     row = tl.load(rows + w, mask=live, other=0).to(tl.int64)
     col = tl.load(starts + w, mask=live, other=0).to(tl.int64) + (e - begin)
     value = tl.load(contents + e, mask=live)
@@ -57,8 +57,11 @@ def apply_writes(
     cu_lens: torch.Tensor,
     contents: torch.Tensor,
 ) -> None:
-    """Write `contents[cu_lens[w-1]:cu_lens[w]]` at `dst[rows[w], starts[w]:]` for every w.
+    """Write `contents[cu_lens[w]:cu_lens[w+1]]` at `dst[rows[w], starts[w]:]` for every w.
 
+    `cu_lens` holds `num_writes + 1` running offsets from 0, as a varlen
+    kernel's cumulative lengths: both bounds of every write lie inside it, so
+    no program reads an entry before the buffer for the first write's start.
     Writes must not overlap (callers resolve overlaps on the host first). Each
     row's elements must be contiguous (`guards.check_write_target`); rows may
     lie at any pitch, and a 1-D `dst` (one element a row) may have any stride.

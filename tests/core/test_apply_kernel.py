@@ -36,16 +36,17 @@ def test_the_interpreted_apply_divides_by_no_zero(fused):
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
-def test_the_apply_reads_no_entry_before_cu_lens(torch_device, fused):
-    """Write 0's contents begin at element 0: the kernel takes that 0 and never loads
-    `cu_lens[-1]`. Through `StagedWriteTensor` that entry lies before the staging buffer,
-    outside any tensor, so a load of it reads whatever memory holds there and shows only where
-    that is not 0. Here `cu_lens` is a view one entry into a tensor whose first entry is -2: a
-    load of `cu_lens[-1]` moves write 0 two columns right."""
+def test_the_apply_reads_cu_lens_only_inside_its_bounds(torch_device, fused):
+    """`cu_lens` holds `num_writes + 1` offsets, from 0: the kernel reads every bound it needs
+    inside them. Through `StagedWriteTensor` the entries on either side lie outside any
+    tensor, so a load of one reads whatever memory holds there and shows only where that is
+    not what the right entry holds. Here `cu_lens` is a view into a tensor whose entries on
+    either side are -2 and 9: a load before the first entry moves write 0 two columns right,
+    one past the last sends write 1's contents to row 0."""
     i32 = lambda values: torch.tensor(values, dtype=torch.int32, device=torch_device)  # noqa: E731
     dst = torch.zeros((2, 8), dtype=torch.int32, device=torch_device)
     rows, starts, contents = i32([0, 1]), i32([1, 2]), i32([1, 2, 3, 4, 5])
-    cu_lens = i32([-2, 3, 5])[1:]
+    cu_lens = i32([-2, 0, 3, 5, 9])[1:-1]
     if fused:
         ptrs = torch.tensor([dst.data_ptr()], dtype=torch.uint64, device=torch_device)
         strides = torch.tensor([dst.stride(0)], dtype=torch.int64, device=torch_device)
@@ -99,7 +100,7 @@ def test_each_back_end_applies_with_its_own_constants(monkeypatch, device, tile,
     i32 = lambda values: torch.tensor(values, dtype=torch.int32)  # noqa: E731
     dst = torch.zeros((3, 4), dtype=torch.int32)
     rows, starts = i32([0, 2, 1, 0, 2]), i32([1, 0, 2, 0, 3])
-    cu_lens, contents = i32([2, 4, 5, 6, 7]), i32([1, 2, 3, 4, 5, 6, 7])
+    cu_lens, contents = i32([0, 2, 4, 5, 6, 7]), i32([1, 2, 3, 4, 5, 6, 7])
     launches = []
     monkeypatch.setattr(
         staged_writes._apply_writes_kernel,
