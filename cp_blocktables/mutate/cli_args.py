@@ -118,6 +118,12 @@ def add_mutate_arguments(p: argparse.ArgumentParser) -> None:
         "again, and every verdict of this run is merged into it, also when stopped",
     )
     p.add_argument(
+        "--moved-from",
+        metavar="MODULE",
+        help="with --record and one --modules NEW: NEW's code was moved from MODULE (dotted, "
+        "as --modules names it), text unchanged; the ledger's verdicts follow it to NEW's ids",
+    )
+    p.add_argument(
         "--merge-record",
         metavar="OTHER",
         help="with --record: merge the ledger OTHER (another host's) into it, run nothing",

@@ -149,6 +149,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError("--resume keeps the run's mutants and shares: no --sample or --shares")
     if args.merge_record and not args.record:
         raise ValueError("--merge-record needs the --record ledger to merge into")
+    if args.moved_from and not (args.record and len(_patterns(args)) == 1):
+        raise ValueError("--moved-from needs --record and the one module moved to (--modules)")
 
 
 def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> int:
@@ -157,8 +159,7 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
     if not count:
         raise ValueError(f"--resume: no mutation session in {work}")
     parts = shares.build(work, source_dir, count)
-    patterns = [x for m in args.modules or [] for x in m.split(",") if x]
-    names = list(parts[0].sp.select(patterns))
+    names = list(parts[0].sp.select(_patterns(args)))
     presets = args.preset or list(DEFAULT_PRESETS)
     fast = HarnessRun(tuple(presets), args.world_size)
     confirm = (
@@ -193,6 +194,8 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
         total, annotation, pending = _init(args, parts, work, env)
     ledger_path = Path(args.record) if args.record else None
     ledger = record.read(ledger_path) if ledger_path else {}
+    if args.moved_from:
+        _carry_moved(parts, origins, chosen, args.moved_from, ledger, ledger_path)
     if ledger:
         known = _skip_recorded(parts, origins, ledger, args.jobs)
         pending -= known
@@ -232,6 +235,32 @@ def _run(args: argparse.Namespace, source_dir: Path, root: Path, work: Path) -> 
     if summary["unexplained_survivors"]:
         return 1
     return 3 if summary["pending"] else 0
+
+
+def _patterns(args: argparse.Namespace) -> list[str]:
+    return [x for m in args.modules or [] for x in m.split(",") if x]
+
+
+def _carry_moved(
+    parts: list[shares.Share],
+    origins: dict[str, str],
+    chosen: list[str],
+    old: str,
+    ledger: dict,
+    path: Path,
+) -> None:
+    """Copy the ledger's entries of the code moved from module `old` to the chosen module
+    to their new ids, and print each pair (the allowlist's headings name ids too)."""
+    if len(chosen) != 1:
+        raise ValueError(f"--moved-from: --modules must select one module, got {len(chosen)}")
+    (new,) = chosen
+    before = {new: str(Path(Path(new).parts[0], *old.split(".")).with_suffix(".py"))}
+    pairs = [p for sh in parts for p in record.moved_ids(sh.db, sh.home, origins, before)]
+    carried = record.carry(ledger, pairs)
+    record.write(path, ledger)
+    for o, n in carried:
+        print(f"mutate: moved {o} -> {n}")
+    print(f"mutate: {len(carried)} entries of {path} copied from {before[new]} to {new}")
 
 
 def _skip_recorded(

@@ -26,6 +26,10 @@ Invariants:
   stands for both (one pair among the first 1,070 recorded).
 * A later verdict for an id replaces the earlier one (`merge`).
 * To run a recorded mutant again (the harness changed), delete its line.
+* Code moved to another module, text unchanged, keeps its verdicts only
+  through `--moved-from` (`moved_ids`, `carry`): the id hashes the module's
+  name. The old ids' entries stay, and count nowhere unless the old module
+  still holds an identical line of a same-named definition.
 """
 
 from __future__ import annotations
@@ -173,3 +177,40 @@ def _pending_id(item, home: Path, origins: dict[str, str], texts: dict[str, str]
     if made is None:
         return None
     return mutant_id(origins.get(path, path), m.operator_name, m.definition_name, made[1])
+
+
+def moved_ids(
+    db: Path, home: Path, origins: dict[str, str], before: dict[str, str]
+) -> list[tuple[str, str]]:
+    """`(old, new)` ids of every pending mutant of session `db` in a moved file.
+
+    `before` maps a file's name (as `origins` gives it) to the name it had
+    before its code moved there, text unchanged: the old id is the one the
+    same mutation had in the old file, since an id hashes only the file's
+    name, the operator, the definition and the changed lines."""
+    from cosmic_ray.work_db import WorkDB, use_db
+
+    renamed = {copied: before[o] for copied, o in origins.items() if o in before}
+    old_origins = {**origins, **renamed}
+    texts: dict[str, str] = {}
+    pairs = []
+    with use_db(str(db), WorkDB.Mode.open) as wdb:
+        for item in wdb.pending_work_items:
+            if len(item.mutations) != 1 or str(item.mutations[0].module_path) not in renamed:
+                continue
+            new = _pending_id(item, home, origins, texts)
+            old = _pending_id(item, home, old_origins, texts)
+            if new is not None and old is not None:
+                pairs.append((old, new))
+    return pairs
+
+
+def carry(entries: dict[str, Entry], pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Copy each recorded old id's entry to its new id, unless the new id has one.
+
+    The old entry stays: identical lines of same-named definitions share an id,
+    and one may remain in the module the code left. Returns the pairs carried."""
+    carried = [(o, n) for o, n in pairs if o in entries and n not in entries]
+    for o, n in carried:
+        entries[n] = entries[o]
+    return carried

@@ -132,6 +132,34 @@ def test_a_recorded_mutant_is_found_by_the_id_exec_gives_it(tmp_path):
     assert (tmp_path / MODULE).read_text() == TINY
 
 
+def test_verdicts_follow_code_moved_to_another_module(tmp_path):
+    """Record every mutant of a module under its old name, then move its text, unchanged, to
+    a new name: every entry is copied to the id a run of the new module gives that mutant,
+    so a fresh session skips them all; an entry the new id already has stays, and so do the
+    old ids' entries (the old module may still hold an identical line)."""
+    _init(tmp_path, "ran.sqlite")
+    for name in ("old.sqlite", "moved.sqlite"):
+        shutil.copyfile(tmp_path / "ran.sqlite", tmp_path / name)
+    session.cosmic_ray(["exec", "cosmic-ray.toml", "ran.sqlite"], cwd=tmp_path)
+    mutants = session.read_mutants(tmp_path / "ran.sqlite")
+    before = outcome.verdicts(mutants, {MODULE: "orig/old.py"}, {})
+    after = outcome.verdicts(mutants, {MODULE: "orig/new.py"}, {})
+    assert len(before) > 20 and not {v.id for v in before} & {v.id for v in after}
+    entries = {v.id: record.Entry("killed", (), "2026-12-01") for v in before}
+    kept = record.Entry("survived", (), "2026-12-05")
+    entries[after[0].id] = kept
+    new_origins = {MODULE: "orig/new.py"}
+    pairs = record.moved_ids(
+        tmp_path / "moved.sqlite", tmp_path, new_origins, {"orig/new.py": "orig/old.py"}
+    )
+    assert sorted(pairs) == sorted((b.id, a.id) for b, a in zip(before, after))
+    carried = record.carry(entries, pairs)
+    assert len(carried) == len(before) - 1 and entries[after[0].id] == kept
+    assert set(entries) == {v.id for v in after} | {v.id for v in before}
+    fresh = tmp_path / "old.sqlite"
+    assert record.skip_recorded(fresh, tmp_path, new_origins, entries) == len(after)
+
+
 def test_a_recorded_survivor_is_classed_by_the_allowlist_of_the_day():
     entry = record.Entry("survived", ("not-reached",), "2026-12-01")
     m = session.Mutant(
@@ -148,6 +176,11 @@ def test_a_recorded_survivor_is_classed_by_the_allowlist_of_the_day():
     summary = outcome.summarize([v], 1)
     assert (summary["unexplained_survivors"], summary["from_ledger"]) == (1, 1)
     assert "delete its line from the ledger" in outcome.render(summary, [v])
+
+
+def test_moved_from_needs_a_ledger_and_one_module():
+    proc = run_cli(["mutate", "--dry-run", "--moved-from", "buffers", "--modules", "staged"])
+    assert proc.returncode == 2 and "--moved-from needs --record" in proc.stderr
 
 
 def test_merge_record_needs_a_ledger_and_an_existing_other(tmp_path):
