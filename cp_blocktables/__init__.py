@@ -16,8 +16,8 @@ from .contract import NULL_BLOCK_ID, PAD_SLOT_ID, BlockTablesConfig
 
 _LAZY = {
     "BlockTables": ".block_tables",
-    "FusedStagedWriter": ".buffers",
-    "StagedWriteTensor": ".buffers",
+    "FusedStagedWriter": ".staged",
+    "StagedWriteTensor": ".staged",
     "UvaBackedTensor": ".buffers",
     "UvaBufferPool": ".buffers",
 }

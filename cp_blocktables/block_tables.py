@@ -33,8 +33,9 @@ from . import integrity
 from ._inputs import InputChecks
 from ._layout_tensors import LayoutTensors
 from ._reads import ForwardPassReads
-from .buffers import FusedStagedWriter, StagedWriteTensor, UvaBackedTensor
+from .buffers import UvaBackedTensor
 from .contract import INT32_MAX, NULL_BLOCK_ID, PAD_SLOT_ID, BlockTablesConfig
+from .staged import FusedStagedWriter, StagedWriteTensor
 
 
 def _expand(ids: Sequence[int], m: int) -> list[int]:

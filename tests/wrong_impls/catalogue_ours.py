@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from cp_blocktables import BlockTables, buffers
+from cp_blocktables import BlockTables, staged
 from cp_blocktables import block_tables as _bt
 
 
@@ -72,10 +72,10 @@ class OursCutWriteKeepsLength(BlockTables):
         super().apply_staged_writes()
 
 
-def _keep_cut_lengths(t: buffers.StagedWriteTensor) -> None:
+def _keep_cut_lengths(t: staged.StagedWriteTensor) -> None:
     rows, starts = t._staged_write_indices, t._staged_write_starts
     contents, cu_lens = t._staged_write_contents, t._staged_write_cu_lens
-    pieces = buffers._drop_overwritten(rows, starts, cu_lens)
+    pieces = staged._drop_overwritten(rows, starts, cu_lens)
     if pieces is None:
         return
     new_rows, new_starts, new_contents, new_cu = [], [], [], []
