@@ -259,7 +259,7 @@ def _carry_moved(
     carried = record.carry(ledger, pairs)
     record.write(path, ledger)
     for o, n in carried:
-        print(f"mutate: moved {o} -> {n}")
+        print(f"mutate: copied {o} -> {n}")
     print(f"mutate: {len(carried)} entries of {path} copied from {before[new]} to {new}")
 
 
