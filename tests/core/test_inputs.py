@@ -109,6 +109,16 @@ def bt() -> BlockTables:
             id="2-d-positions",
         ),
         pytest.param(
+            lambda t: t.gather_block_tables([1], 1),
+            r"idx_mapping must be a torch.Tensor, got list$",
+            id="list-idx",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(0, 1), None, 1),
+            r"positions must be a torch.Tensor, got NoneType$",
+            id="none-positions",
+        ),
+        pytest.param(
             lambda t: t.gather_block_tables(I32(1, 4, -2), 3),
             r"idx_mapping\[1\] = 4 is neither -1 \(dummy\) nor a row in \[0, 4\)",
             id="first-of-two-bad-rows",
