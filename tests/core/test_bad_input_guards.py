@@ -555,11 +555,13 @@ def test_slot_mappings_refuse_an_out_with_overlapping_rows(torch_device):
 
 
 @pytest.mark.parametrize(
-    "case", ["int32", "one-row-for-two-groups", "column-stride-2", "1-d-of-two-entries"]
+    "case",
+    ["int32", "one-row-for-two-groups", "column-stride-2", "column-stride-0", "1-d-of-two-entries"],
 )
 def test_slot_mappings_refuse_an_out_of_the_wrong_dtype_shape_or_stride(torch_device, case):
     """A slot-mapping `out` wrong in one property alone, rows disjoint: int32, one row for
-    two groups, every other column of a wider buffer, or 1-D with one entry per group
+    two groups, every other column of a wider buffer, one entry a row seen as 64 columns
+    (column stride 0, row stride 128), or 1-D with one entry per group
     (docs/contract-notes.md: int64 `[num_groups, n]`, unit column stride). Refused, and
     nothing is written, not even into the buffer it was cut from."""
     bt = _bt_with_rows(torch_device)
@@ -568,6 +570,7 @@ def test_slot_mappings_refuse_an_out_of_the_wrong_dtype_shape_or_stride(torch_de
         "int32": base[:, :64].to(torch.int32),
         "one-row-for-two-groups": base[:1, :64],
         "column-stride-2": base[:, ::2],
+        "column-stride-0": base.as_strided((2, 64), (128, 0)),
         "1-d-of-two-entries": base[0, :2],
     }[case]
     d = torch_device
