@@ -116,11 +116,12 @@ class InputChecks:
         return buf
 
     def on_my_device(self, t: torch.Tensor) -> bool:
-        """`cuda` (no index) matches any CUDA tensor; the caller set the current device."""
+        """`cuda` (no index) matches any CUDA tensor; the caller set the current device.
+        A tensor of a device without an index (`meta`) reports -1 as a CPU tensor does."""
         index = t.get_device()  # -1 on CPU; cheaper than building `t.device`
         if self._device_index is None:
             return index >= 0
-        return index == self._device_index
+        return index == self._device_index and (index >= 0 or t.is_cpu)
 
     def index_tensor(
         self, name: str, t: object, exact_len: int | None = None, min_len: int = 0
@@ -134,6 +135,7 @@ class InputChecks:
             index = t.get_device()  # -1 on CPU; cheaper than building `t.device`
             if (
                 (index == self._device_index or (self._device_index is None and index >= 0))
+                and (index >= 0 or t.is_cpu)
                 and (exact_len is None or n == exact_len)
                 and n >= min_len
                 and (n <= self.max_num_reqs or name != "idx_mapping")

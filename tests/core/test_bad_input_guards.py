@@ -645,11 +645,23 @@ def test_layout_rebuild_takes_a_forward_pass_table_wider_than_its_table(torch_de
     assert wide[:2, :8].tolist() == [[4] + [0] * 7, [1, 2] + [0] * 6]
 
 
-@pytest.mark.parametrize("case", ["layout-table", "out-ptrs"])
+@pytest.mark.parametrize("case", ["layout-table", "out-ptrs", "out-table", "idx-mapping"])
 def test_tensors_on_another_device_are_refused(torch_device, case):
     """A tensor on another device than the `BlockTables` (here `meta`, which every machine
-    has) is refused with the device named, whether or not that device has an index."""
+    has) is refused with the device named, whether or not that device has an index. A
+    `meta` tensor reports the device index -1, as a CPU tensor does."""
     bt = _bt_with_rows(torch_device)
+    if case in ("out-table", "idx-mapping"):
+        meta = case == "idx-mapping"
+        idx = torch.tensor([2, 0], dtype=torch.int32, device="meta" if meta else torch_device)
+        out = [torch.zeros((4, w), dtype=torch.int32, device=torch_device) for w in (8, 4)]
+        if not meta:
+            out[1] = torch.zeros((4, 4), dtype=torch.int32, device="meta")
+        name = "idx_mapping" if meta else r"out\[1\]"
+        with pytest.raises(ValueError, match=rf"{name} .*on meta"):
+            bt.gather_block_tables(idx, 2, out=out)
+        assert int(out[0].abs().sum()) == 0
+        return
     if case == "layout-table":
         ptrs = bt.block_table_ptrs
         bt.input_block_tables[0] = bt.input_block_tables[0].to("meta")
