@@ -395,6 +395,26 @@ def test_gather_refuses_an_out_table_of_the_wrong_shape_or_stride(torch_device, 
     assert all(int((t != 9).sum()) == 0 for t in (base, *out))
 
 
+@pytest.mark.parametrize("extra", [1, 8], ids=["1-more-column", "8-more-columns"])
+def test_gather_takes_out_tables_wider_than_their_group(torch_device, extra):
+    """An `out` table is asked for at least the group's width (docs/contract-notes.md):
+    a wider one is taken, its real rows get their entries, its padding row is zeroed over
+    the group's width, and the columns past it, like the rows past the padding, keep what
+    they held."""
+    bt = _bt_with_rows(torch_device)
+    out = [torch.full((4, w + extra), 9, dtype=torch.int32, device=torch_device) for w in (8, 4)]
+    idx = torch.tensor([2, 0], dtype=torch.int32, device=torch_device)
+    got = bt.gather_block_tables(idx, 3, out=out)
+    assert all(g.data_ptr() == o.data_ptr() for g, o in zip(got, out))
+    g0, g1 = (t.cpu() for t in out)
+    assert g0[0, :2].tolist() == [4, 9] and g0[1, :3].tolist() == [1, 2, 9]
+    assert g1[0, :3].tolist() == [5, 6, 9] and g1[1, :2].tolist() == [3, 9]
+    for t, w in ((g0, 8), (g1, 4)):
+        assert t[2].tolist() == [0] * w + [9] * extra
+        assert t[3].tolist() == [9] * (w + extra)
+        assert int((t[:2, w:] != 9).sum()) == 0
+
+
 def test_pointer_errors_print_the_exact_address():
     bt = _bt_with_rows("cpu")
     out = [torch.zeros((4, w), dtype=torch.int32) for w in (8, 4)]
