@@ -665,39 +665,69 @@ def test_layout_rebuild_takes_a_forward_pass_table_wider_than_its_table(torch_de
     assert wide[:2, :8].tolist() == [[4] + [0] * 7, [1, 2] + [0] * 6]
 
 
-@pytest.mark.parametrize("case", ["layout-table", "out-ptrs", "out-table", "idx-mapping"])
-def test_tensors_on_another_device_are_refused(torch_device, case):
+def _tables(d: str, meta_group: int | None = None) -> list[torch.Tensor]:
+    """Gather `out` tables for `_bt_with_rows`, one of them on `meta` if asked."""
+    return [
+        torch.zeros((4, w), dtype=torch.int32, device="meta" if g == meta_group else d)
+        for g, w in enumerate((8, 4))
+    ]
+
+
+def _idx(d: str) -> torch.Tensor:
+    return torch.tensor([2, 0], dtype=torch.int32, device=d)
+
+
+# Each case: (a call on `_bt_with_rows` of device d, the refusal it must raise).
+ON_META = {
+    "out-ptrs": (
+        lambda bt, d: bt.gather_block_tables(
+            _idx(d), 2, out=_tables(d), out_ptrs=torch.zeros(2, dtype=torch.uint64, device="meta")
+        ),
+        r"out_ptrs is on meta; the kernel runs on {d}",
+    ),
+    "out-table": (
+        lambda bt, d: bt.gather_block_tables(_idx(d), 2, out=_tables(d, meta_group=1)),
+        r"out\[1\] must be .* on {d}, got torch.int32 \(4, 4\) on meta",
+    ),
+    "idx-mapping": (
+        lambda bt, d: bt.gather_block_tables(_idx("meta"), 2),
+        r"idx_mapping is on meta, BlockTables on {d}",
+    ),
+    "slot-mapping-out": (
+        lambda bt, d: bt.compute_slot_mappings(
+            torch.tensor([0], device=d),
+            torch.tensor([0, 1], device=d),
+            torch.tensor([0], device=d),
+            1,
+            out=torch.zeros((2, 64), dtype=torch.int64, device="meta"),
+        ),  # fmt: skip
+        r"out must be .* on {d}, got .* on meta",
+    ),
+}
+
+
+@pytest.mark.parametrize(("call", "message"), ON_META.values(), ids=ON_META.keys())
+def test_tensors_on_another_device_are_refused(torch_device, call, message):
     """A tensor on another device than the `BlockTables` (here `meta`, which every machine
     has) is refused with the device named, whether or not that device has an index. A
-    `meta` tensor reports the device index -1, as a CPU tensor does."""
+    `meta` tensor reports the device index -1, as a CPU tensor does: a CPU instance took a
+    `meta` out table for its own and handed its null address to the kernel."""
     bt = _bt_with_rows(torch_device)
-    if case in ("out-table", "idx-mapping"):
-        meta = case == "idx-mapping"
-        idx = torch.tensor([2, 0], dtype=torch.int32, device="meta" if meta else torch_device)
-        out = [torch.zeros((4, w), dtype=torch.int32, device=torch_device) for w in (8, 4)]
-        if not meta:
-            out[1] = torch.zeros((4, 4), dtype=torch.int32, device="meta")
-        name = "idx_mapping" if meta else r"out\[1\]"
-        with pytest.raises(ValueError, match=rf"{name} .*on meta"):
-            bt.gather_block_tables(idx, 2, out=out)
-        assert int(out[0].abs().sum()) == 0
-        return
-    if case == "layout-table":
-        ptrs = bt.block_table_ptrs
-        bt.input_block_tables[0] = bt.input_block_tables[0].to("meta")
-        match = rf"input_block_tables\[0\] .* on {torch_device}, got torch.int32 \(4, 8\) on meta"
-        with pytest.raises(ValueError, match=match):
-            bt.init_block_table_layout_tensors()
-        assert bt.block_table_ptrs is ptrs  # nothing rebuilt
-        return
-    out = [torch.zeros((4, w), dtype=torch.int32, device=torch_device) for w in (8, 4)]
-    ptrs = torch.zeros(2, dtype=torch.uint64, device="meta")
-    idx = torch.tensor([2, 0], dtype=torch.int32, device=torch_device)
-    with pytest.raises(
-        ValueError, match=rf"out_ptrs is on meta; the kernel runs on {torch_device}"
-    ):
-        bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
-    assert all(int(t.abs().sum()) == 0 for t in out)
+    tables = [t.clone() for t in bt.input_block_tables]
+    with pytest.raises(ValueError, match=message.format(d=torch_device)):
+        call(bt, torch_device)
+    assert all(torch.equal(a, b) for a, b in zip(tables, bt.input_block_tables))
+
+
+def test_a_layout_table_on_another_device_is_refused(torch_device):
+    """A forward-pass table replaced by one on `meta` is refused before anything is rebuilt."""
+    bt = _bt_with_rows(torch_device)
+    ptrs = bt.block_table_ptrs
+    bt.input_block_tables[0] = bt.input_block_tables[0].to("meta")
+    match = rf"input_block_tables\[0\] .* on {torch_device}, got torch.int32 \(4, 8\) on meta"
+    with pytest.raises(ValueError, match=match):
+        bt.init_block_table_layout_tensors()
+    assert bt.block_table_ptrs is ptrs  # nothing rebuilt
 
 
 @pytest.mark.parametrize(
