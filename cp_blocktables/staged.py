@@ -90,9 +90,10 @@ class _WriteBuffers:
 
         `parts` holds `(tensor_index, writes)`; returns device views of
         `(tensor_ids, rows, starts, cu_lens, contents)`, `cu_lens` running over
-        all parts from a leading 0 (one entry more than there are writes: a
-        buffer is allocated zeroed and its entry 0 is never written). Filling
-        slices avoids concatenating Python lists.
+        all parts from a leading 0 (one entry more than there are writes; the
+        0 is written every time, since a buffer's memory may have been
+        scribbled over meanwhile, as across a sleep). Filling slices avoids
+        concatenating Python lists.
         """
         num_writes = sum(len(w[0]) for _, w in parts)
         num_elems = sum(len(w[2]) for _, w in parts)
@@ -100,6 +101,7 @@ class _WriteBuffers:
             pool._take(num_writes) for pool in (self.tensor_ids, self.rows, self.starts)
         )
         cu_lens = self.cu_lens._take(num_writes + 1)
+        cu_lens.np[0] = 0
         contents = self.contents._take(num_elems)
         w = e = 0
         for index, (r, s, c, cu) in parts:
