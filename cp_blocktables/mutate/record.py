@@ -165,6 +165,17 @@ def skip_recorded(db: Path, home: Path, origins: dict[str, str], ledger: dict[st
 
 def _pending_id(item, home: Path, origins: dict[str, str], texts: dict[str, str]) -> str | None:
     """The id the mutant of a pending work item will have once run (None: no mutation)."""
+    made = _pending_diff(item, home, texts)
+    if made is None:
+        return None
+    m, diff = made
+    path = str(m.module_path)
+    return mutant_id(origins.get(path, path), m.operator_name, m.definition_name, diff)
+
+
+def _pending_diff(item, home: Path, texts: dict[str, str]):
+    """`(mutation, diff)` of a pending work item, as `exec` will make it (None: none).
+    `texts` caches each file's source."""
     from cosmic_ray.util import read_python_source
 
     if len(item.mutations) != 1:
@@ -174,9 +185,7 @@ def _pending_id(item, home: Path, origins: dict[str, str], texts: dict[str, str]
     if path not in texts:
         texts[path] = read_python_source(home / path)
     made = mutate_spec(texts[path], m)
-    if made is None:
-        return None
-    return mutant_id(origins.get(path, path), m.operator_name, m.definition_name, made[1])
+    return None if made is None else (m, made[1])
 
 
 def moved_ids(
@@ -191,17 +200,22 @@ def moved_ids(
     from cosmic_ray.work_db import WorkDB, use_db
 
     renamed = {copied: before[o] for copied, o in origins.items() if o in before}
-    old_origins = {**origins, **renamed}
     texts: dict[str, str] = {}
     pairs = []
     with use_db(str(db), WorkDB.Mode.open) as wdb:
         for item in wdb.pending_work_items:
             if len(item.mutations) != 1 or str(item.mutations[0].module_path) not in renamed:
                 continue
-            new = _pending_id(item, home, origins, texts)
-            old = _pending_id(item, home, old_origins, texts)
-            if new is not None and old is not None:
-                pairs.append((old, new))
+            made = _pending_diff(item, home, texts)  # one mutation, hashed under both names
+            if made is None:
+                continue
+            m, diff = made
+            path = str(m.module_path)
+            old, new = (
+                mutant_id(name, m.operator_name, m.definition_name, diff)
+                for name in (renamed[path], origins[path])
+            )
+            pairs.append((old, new))
     return pairs
 
 
