@@ -576,12 +576,20 @@ def test_slot_mappings_refuse_an_out_with_overlapping_rows(torch_device):
 
 @pytest.mark.parametrize(
     "case",
-    ["int32", "one-row-for-two-groups", "column-stride-2", "column-stride-0", "1-d-of-two-entries"],
+    [
+        "int32",
+        "one-row-for-two-groups",
+        "column-stride-2",
+        "column-stride-0",
+        "1-d-of-two-entries",
+        "3-d-of-one-column-each",
+    ],
 )
 def test_slot_mappings_refuse_an_out_of_the_wrong_dtype_shape_or_stride(torch_device, case):
     """A slot-mapping `out` wrong in one property alone, rows disjoint: int32, one row for
     two groups, every other column of a wider buffer, one entry a row seen as 64 columns
-    (column stride 0, row stride 128), or 1-D with one entry per group
+    (column stride 0, row stride 128), 1-D with one entry per group, or 3-D, the `[2, 64]`
+    view with a trailing dimension of one (its column stride 1, as a 2-D `out`'s)
     (docs/contract-notes.md: int64 `[num_groups, n]`, unit column stride). Refused, and
     nothing is written, not even into the buffer it was cut from."""
     bt = _bt_with_rows(torch_device)
@@ -592,6 +600,7 @@ def test_slot_mappings_refuse_an_out_of_the_wrong_dtype_shape_or_stride(torch_de
         "column-stride-2": base[:, ::2],
         "column-stride-0": base.as_strided((2, 64), (128, 0)),
         "1-d-of-two-entries": base[0, :2],
+        "3-d-of-one-column-each": base[:, :64, None],
     }[case]
     d = torch_device
     with pytest.raises(ValueError, match=r"out must be an int64 \[2, n\] tensor with unit column"):
