@@ -188,6 +188,7 @@ def test_a_host_buffer_is_pinned_and_aliased_on_cuda_only(host_uva, stand_in_pin
     [
         pytest.param("cpu", [], id="cpu-keeps-no-marks"),
         pytest.param("cuda", ["record", "record", "synchronize"], id="cuda-marks-and-waits"),
+        pytest.param("meta", [], id="other-device-keeps-no-marks"),
     ],
 )
 def test_a_pool_for_a_cuda_device_waits_for_its_readers(
@@ -199,7 +200,9 @@ def test_a_pool_for_a_cuda_device_waits_for_its_readers(
     `test_cuda.py::test_a_buffer_is_never_reused_while_the_device_may_read_it`): handing out
     the second and third buffers marks where the last one's readers end, and the third
     publish, back on the first buffer, waits for its mark (SPEC.md 4). A CPU pool has no
-    device running behind the host and keeps no marks."""
+    device running behind the host and keeps no marks, nor does a pool for any other device
+    (`meta`, whose name sorts after `cuda`; SPEC.md 5 names only CUDA and CPU): its buffers
+    are host buffers, as a CPU pool's, and only a CUDA pool records CUDA events."""
     pool = UvaBufferPool(4, torch.int32, max_concurrency=2, device=device_type)
     views = [pool.copy_to_uva([k]) for k in range(3)]
     assert [what for what, _ in stand_in_events] == bookkeeping
