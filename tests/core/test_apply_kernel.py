@@ -207,6 +207,10 @@ def test_rows_of_more_than_256_elements_are_written(torch_device, fused):
             lambda t: t.gpu.new_zeros(0, 3).t(), "elements of a row must be contiguous",
             id="empty-transposed-rows",
         ),
+        pytest.param(
+            lambda t: t.gpu.new_zeros(12).as_strided((3, 4), (4, 0)),
+            "elements of a row must be contiguous", id="column-stride-0",
+        ),
     ],
 )  # fmt: skip
 def test_a_replaced_gpu_tensor_the_kernel_cannot_address_is_refused(
@@ -214,8 +218,10 @@ def test_a_replaced_gpu_tensor_the_kernel_cannot_address_is_refused(
 ):
     """Writes are checked against the shape a tensor was built with, and the kernel writes
     each row's elements contiguously: a `.gpu` with fewer rows, narrower rows or scattered
-    elements would take writes outside itself. Refused with `ValueError`, every write still
-    staged and nothing written."""
+    elements would take writes outside itself (a row of column stride 0 holds one element
+    however wide it reads, and the kernel would write its other columns into the next
+    elements of the storage). Refused with `ValueError`, every write still staged and
+    nothing written."""
     t = StagedWriteTensor((3, 4), torch.int32, torch_device)
     t.gpu = view(t)
     before = t.gpu.clone()

@@ -702,6 +702,12 @@ ON_META = {
         lambda bt, d: bt.gather_block_tables(_idx("meta"), 2),
         r"idx_mapping is on meta, BlockTables on {d}",
     ),
+    "num-computed-tokens": (
+        lambda bt, d: bt.gather_block_tables(
+            _idx(d), 2, num_computed_tokens=torch.zeros(4, dtype=torch.int32, device="meta")
+        ),
+        r"num_computed_tokens is on meta, BlockTables on {d}",
+    ),
     "slot-mapping-out": (
         lambda bt, d: bt.compute_slot_mappings(
             torch.tensor([0], device=d),

@@ -166,3 +166,50 @@ def test_fused_writer_refuses_mixed_dtypes():
         FusedStagedWriter("cpu", 4).apply(
             tensors, torch.zeros(2, dtype=torch.uint64), torch.zeros(2, dtype=torch.int64)
         )
+
+
+def _write_pools(owner) -> list:
+    """Every pool of a `StagedWriteTensor`'s or `FusedStagedWriter`'s write buffers."""
+    groups = owner._buffers.values() if isinstance(owner._buffers, dict) else [owner._buffers]
+    return [
+        pool for b in groups for pool in (b.tensor_ids, b.rows, b.starts, b.cu_lens, b.contents)
+    ]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+def test_garbage_in_the_write_buffers_is_harmless(torch_device, fused):
+    """docs/contract-notes.md (wake-up): the staging pools are rewritten before each use, so
+    garbage in their host memory is harmless. That includes the leading 0 of `cu_lens`,
+    which no write's offsets cover: `publish` writes it every time. Between two applies
+    every buffer of every pool is filled with -2; the second apply must still write its
+    values where they were staged (with `cu_lens[0] = -2` they would land 2 columns on)."""
+    tensors = [StagedWriteTensor((3, 8), torch.int32, torch_device) for _ in range(2)]
+    if fused:
+        owner = FusedStagedWriter(torch_device, max_writes=4)
+        ptrs = torch.tensor([t.gpu.data_ptr() for t in tensors], dtype=torch.uint64)
+        strides = torch.tensor([t.gpu.stride(0) for t in tensors], dtype=torch.int64)
+        ptrs, strides = ptrs.to(torch_device), strides.to(torch_device)
+
+        def apply():
+            owner.apply(tensors, ptrs, strides)
+    else:
+        owner = tensors[0]
+        apply = owner.apply_write
+    tensors[0].stage_write(0, 0, [1])
+    apply()
+    assert tensors[0].gpu[0, 0].item() == 1  # read back: the apply has run
+    for pool in _write_pools(owner):
+        for buf in pool._buffers:
+            buf.cpu.fill_(-2)
+    tensors[0].stage_write(1, 2, [5, 6])
+    tensors[0].stage_write(2, 0, [7])
+    if fused:
+        tensors[1].stage_write(0, 3, [8, 9])
+    apply()
+    assert tensors[0].gpu.cpu().tolist() == [
+        [1, 0, 0, 0, 0, 0, 0, 0],
+        [0, 0, 5, 6, 0, 0, 0, 0],
+        [7, 0, 0, 0, 0, 0, 0, 0],
+    ]
+    expected_1 = [[0, 0, 0, 8, 9, 0, 0, 0], [0] * 8, [0] * 8] if fused else [[0] * 8] * 3
+    assert tensors[1].gpu.cpu().tolist() == expected_1
