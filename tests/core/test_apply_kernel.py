@@ -230,3 +230,26 @@ def test_a_replaced_gpu_tensor_the_kernel_cannot_address_is_refused(
         _apply([t], fused)
     assert torch.equal(t.gpu, before)
     assert t._staged_write_cu_lens == [3]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+@pytest.mark.parametrize(
+    "shape, view, write",
+    [
+        pytest.param((3, 1), lambda t: t.gpu.flatten(), (2, 0, [9]), id="one-column-as-1d"),
+        pytest.param((2, 2, 3), lambda t: t.gpu.view(2, 6), (1, 1, [5, 6]), id="3d-as-2d"),
+    ],
+)
+def test_a_replaced_gpu_tensor_of_fewer_dimensions_is_refused(
+    torch_device, fused, shape, view, write
+):
+    """A `.gpu` keeps the number of dimensions it was built with, even where the rows of one
+    with fewer would hold every write (one column as a 1-D tensor, a 3-D tensor's rows as 2-D
+    ones): refused with `ValueError`, every write still staged and nothing written."""
+    t = StagedWriteTensor(shape, torch.int32, torch_device)
+    t.gpu = view(t)
+    t.stage_write(*write)
+    with pytest.raises(ValueError, match="smaller than"):
+        _apply([t], fused)
+    assert not t.gpu.any()
+    assert t._staged_write_cu_lens == [len(write[2])]

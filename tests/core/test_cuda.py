@@ -146,6 +146,27 @@ def test_tables_on_a_device_that_is_not_current():
     assert bt.gather_block_tables(torch.tensor([1], **on), 1)[0][0, :2].tolist() == [5, 6]
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_an_instance_on_cuda_1_writes_into_caller_outputs_on_cuda_1():
+    """Caller-owned `out` tables and slot buffers on the instance's own `cuda:1` are taken
+    (the harness's rank 1 under NCCL), whichever device is current."""
+    torch.cuda.set_device(0)
+    bt = BlockTables([4, 8], 2, 8, [4, 4], torch.device("cuda", 1))
+    bt.append_block_ids(1, ([5, 6], [7]), True)
+    bt.apply_staged_writes()
+    on = dict(device="cuda:1", dtype=torch.int32)
+    idx = torch.tensor([1], **on)
+    out = torch.full((2, 8), 77, dtype=torch.int64, device="cuda:1")
+    slots = bt.compute_slot_mappings(
+        idx, torch.tensor([0, 2], **on), torch.tensor([0, 5], device="cuda:1"), 2, out=out
+    )
+    assert slots.data_ptr() == out.data_ptr()
+    assert slots.tolist() == [[20, 25], [56, 61]]
+    tables = [torch.zeros((1, 4), **on), torch.zeros((1, 4), **on)]
+    got = bt.gather_block_tables(idx, 1, out=tables)
+    assert [t[0].tolist() for t in got] == [[5, 6, 0, 0], [7, 0, 0, 0]]
+
+
 def test_integrity_counts_reach_the_device_without_a_synchronisation():
     """`integrity._to_device` copies the host counts from pinned memory, non-blocking: under
     torch's sync debug mode a pageable (synchronous) copy would raise."""

@@ -82,6 +82,38 @@ def test_an_indexed_instance_refuses_tensors_of_another_cuda_device(device, inde
         checks.index_tensor("positions", reporting_device(index))
 
 
+class _OnCuda(torch.Tensor):
+    """A host tensor that is no host tensor to the device rule (`is_cpu` false)."""
+
+    is_cpu = False
+
+
+def on_cuda(t: torch.Tensor, index: int) -> torch.Tensor:
+    """`t` as a tensor on `cuda:index` looks to `InputChecks`: `get_device()` and `is_cpu`."""
+    t = t.as_subclass(_OnCuda)
+    t.get_device = lambda: index
+    return t
+
+
+OWN_DEVICE = {
+    "on-my-device": lambda c, i: c.on_my_device(on_cuda(torch.zeros(2, dtype=torch.int32), i)),
+    "out-tables": lambda c, i: c.out_tables(
+        [on_cuda(torch.zeros((4, w), dtype=torch.int32), i) for w in (8, 4)], 4
+    ),
+    "out-slots": lambda c, i: (
+        c.out_slots(on_cuda(torch.zeros((2, 64), dtype=torch.int64), i)) is not None
+    ),
+}
+
+
+@pytest.mark.parametrize("call", OWN_DEVICE.values(), ids=OWN_DEVICE.keys())
+@pytest.mark.parametrize("index", [1, 3], ids=lambda i: f"cuda:{i}")
+def test_an_indexed_instance_takes_tensors_on_its_own_device(index, call):
+    """A `cuda:N` instance takes a CUDA tensor of its own `N`, whatever `N` (the harness's
+    rank 1 under NCCL is `cuda:1`), caller-owned `out` tables and slot buffers too."""
+    assert call(InputChecks(CONFIG, torch.device("cuda", index)), index)
+
+
 # ---------------------------------------------------------------- on CPU, through BlockTables
 
 
