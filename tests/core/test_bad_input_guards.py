@@ -611,6 +611,43 @@ def test_slot_mappings_refuse_an_out_of_the_wrong_dtype_shape_or_stride(torch_de
     assert int((base != 9).sum()) == 0 and int((wrong != 9).sum()) == 0
 
 
+@pytest.mark.parametrize("rows", [3, 8], ids=lambda n: f"{n}-rows-for-two-groups")
+def test_slot_mappings_refuse_an_out_with_more_rows_than_groups(torch_device, rows):
+    """A slot-mapping `out` of more rows than groups (docs/contract-notes.md: int64
+    `[num_groups, n]`) is refused and nothing is written. Taken, the launch would map
+    `out.shape[0]` groups and read the layout of groups that do not exist, past its
+    buffers (a segmentation fault in the interpreter): hence a child process."""
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from cp_blocktables import BlockTables
+        d = torch.device({str(torch_device)!r})
+        bt = BlockTables(device=d, **{GOOD!r})
+        bt.append_block_ids(0, ([1, 2], [3]), False)
+        bt.apply_staged_writes()
+        base = torch.full(({rows}, 128), 9, dtype=torch.int64, device=d)
+        try:
+            bt.compute_slot_mappings(
+                torch.tensor([0], device=d), torch.tensor([0, 1], device=d),
+                torch.tensor([0], device=d), 1, out=base[:, :64],
+            )
+            print("accepted")
+        except ValueError as e:
+            print("ValueError:", e)
+        print("written:", int((base != 9).sum()))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
+    assert proc.stdout.splitlines() == [
+        f"ValueError: out must be an int64 [2, n] tensor with unit column stride on "
+        f"{torch_device}, got torch.int64 ({rows}, 64) on {torch_device}",
+        "written: 0",
+    ]
+
+
 def test_one_row_outputs_are_accepted_whatever_their_row_stride(torch_device):
     """A single row cannot overlap another: a transposed column (row stride 1, contiguous
     to torch) is a valid one-row destination."""
