@@ -107,10 +107,11 @@ OWN_DEVICE = {
 
 
 @pytest.mark.parametrize("call", OWN_DEVICE.values(), ids=OWN_DEVICE.keys())
-@pytest.mark.parametrize("index", [1, 3], ids=lambda i: f"cuda:{i}")
+@pytest.mark.parametrize("index", [0, 1, 3], ids=lambda i: f"cuda:{i}")
 def test_an_indexed_instance_takes_tensors_on_its_own_device(index, call):
     """A `cuda:N` instance takes a CUDA tensor of its own `N`, whatever `N` (the harness's
-    rank 1 under NCCL is `cuda:1`), caller-owned `out` tables and slot buffers too."""
+    rank 0 is `cuda:0`, its rank 1 under NCCL `cuda:1`), caller-owned `out` tables and slot
+    buffers too: index 0 is a CUDA index like any other, not the host's -1."""
     assert call(InputChecks(CONFIG, torch.device("cuda", index)), index)
 
 
