@@ -9,6 +9,7 @@ them is tested at its bounds.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -911,3 +912,15 @@ def test_the_compiled_kernel_shifts_no_flags(by_request, pow2, pos32):
     """The builds of the test before: no shift may take a boolean operand either (three back
     ends, three answers: `flag_shifts`)."""
     assert flag_shifts(_compiled_ttir(by_request, pow2, pos32)) == []
+
+
+@needs_cuda_backend
+@_COMPILED_LAYOUTS
+def test_the_compiled_kernel_maps_in_integers(by_request, pow2, pos32):
+    """The builds of the tests before: no float arithmetic. Token indices and
+    `query_start_loc` compare as integers; Triton's `/` divides in float32, which rounds
+    token indices past 2**24 (a search bound of `t0 + TILE / 1` can then fall below the
+    tile's last token and end the search short of its entry)."""
+    floats = re.findall(r"arith\.(?:sitofp|uitofp|cmpf|addf|subf|mulf|divf)\b[^\n]*",
+                        _compiled_ttir(by_request, pow2, pos32))  # fmt: skip
+    assert floats == []
