@@ -147,24 +147,33 @@ def test_tables_on_a_device_that_is_not_current():
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
-def test_an_instance_on_cuda_1_writes_into_caller_outputs_on_cuda_1():
-    """Caller-owned `out` tables and slot buffers on the instance's own `cuda:1` are taken
-    (the harness's rank 1 under NCCL), whichever device is current."""
-    torch.cuda.set_device(0)
-    bt = BlockTables([4, 8], 2, 8, [4, 4], torch.device("cuda", 1))
-    bt.append_block_ids(1, ([5, 6], [7]), True)
-    bt.apply_staged_writes()
-    on = dict(device="cuda:1", dtype=torch.int32)
-    idx = torch.tensor([1], **on)
-    out = torch.full((2, 8), 77, dtype=torch.int64, device="cuda:1")
-    slots = bt.compute_slot_mappings(
-        idx, torch.tensor([0, 2], **on), torch.tensor([0, 5], device="cuda:1"), 2, out=out
-    )
-    assert slots.data_ptr() == out.data_ptr()
-    assert slots.tolist() == [[20, 25], [56, 61]]
-    tables = [torch.zeros((1, 4), **on), torch.zeros((1, 4), **on)]
-    got = bt.gather_block_tables(idx, 1, out=tables)
-    assert [t[0].tolist() for t in got] == [[5, 6, 0, 0], [7, 0, 0, 0]]
+@pytest.mark.parametrize(
+    "device, current",
+    [(torch.device("cuda", 1), 0), (torch.device("cuda"), 1)],
+    ids=["cuda:1-while-cuda:0-is-current", "bare-cuda-while-cuda:1-is-current"],
+)
+def test_caller_outputs_on_the_instances_gpu_are_taken(device, current):
+    """Caller-owned `out` tables and slot buffers on the instance's GPU are taken: on
+    `cuda:1` whichever device is current (the harness's rank 1 under NCCL), and on `cuda`
+    without an index, which is the current device, here cuda:1."""
+    torch.cuda.set_device(current)
+    try:
+        bt = BlockTables([4, 8], 2, 8, [4, 4], device)
+        bt.append_block_ids(1, ([5, 6], [7]), True)
+        bt.apply_staged_writes()
+        on = dict(device="cuda:1", dtype=torch.int32)
+        idx = torch.tensor([1], **on)
+        out = torch.full((2, 8), 77, dtype=torch.int64, device="cuda:1")
+        slots = bt.compute_slot_mappings(
+            idx, torch.tensor([0, 2], **on), torch.tensor([0, 5], device="cuda:1"), 2, out=out
+        )
+        assert slots.data_ptr() == out.data_ptr()
+        assert slots.tolist() == [[20, 25], [56, 61]]
+        tables = [torch.zeros((1, 4), **on), torch.zeros((1, 4), **on)]
+        got = bt.gather_block_tables(idx, 1, out=tables)
+        assert [t[0].tolist() for t in got] == [[5, 6, 0, 0], [7, 0, 0, 0]]
+    finally:
+        torch.cuda.set_device(0)
 
 
 def test_integrity_counts_reach_the_device_without_a_synchronisation():
@@ -258,26 +267,3 @@ def test_remembered_address_tensors_fill_the_cache_but_never_pass_its_limit(monk
         guards.check_address_tensor(t, [i], "ptrs", "want[{i}]", cuda)
         sizes.append(len(guards._verified))
     assert max(sizes) == guards._CACHE_LIMIT
-
-
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
-def test_a_bare_cuda_instance_serves_the_current_device_whatever_its_index():
-    """`cuda` without an index is the current device, here cuda:1: caller-owned outputs too."""
-    torch.cuda.set_device(1)
-    try:
-        bt = BlockTables([4, 8], 2, 8, [4, 4], torch.device("cuda"))
-        bt.append_block_ids(1, ([5, 6], [7]), True)
-        bt.apply_staged_writes()
-        on = dict(device="cuda:1", dtype=torch.int32)
-        idx = torch.tensor([1], **on)
-        out = torch.full((2, 8), 77, dtype=torch.int64, device="cuda:1")
-        slots = bt.compute_slot_mappings(
-            idx, torch.tensor([0, 2], **on), torch.tensor([0, 5], device="cuda:1"), 2, out=out
-        )
-        assert slots.data_ptr() == out.data_ptr()
-        assert slots.tolist() == [[20, 25], [56, 61]]
-        tables = [torch.zeros((1, 4), **on), torch.zeros((1, 4), **on)]
-        got = bt.gather_block_tables(idx, 1, out=tables)
-        assert [t[0].tolist() for t in got] == [[5, 6, 0, 0], [7, 0, 0, 0]]
-    finally:
-        torch.cuda.set_device(0)
