@@ -132,10 +132,8 @@ class InputChecks:
         """
         if isinstance(t, torch.Tensor) and t.dtype in _INDEX_DTYPES and t.dim() == 1:
             n = t.shape[0]
-            index = t.get_device()  # -1 on CPU; cheaper than building `t.device`
             if (
-                (index == self._device_index or (self._device_index is None and index >= 0))
-                and (index >= 0 or t.is_cpu)
+                self.on_my_device(t)
                 and (exact_len is None or n == exact_len)
                 and n >= min_len
                 and (n <= self.max_num_reqs or name != "idx_mapping")
