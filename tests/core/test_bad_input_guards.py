@@ -45,6 +45,16 @@ def layout(tensors, device):
     return ptrs, strides
 
 
+def _in_a_child(script: str) -> str:
+    """Run `script` in a fresh interpreter and return what it printed: a crash there
+    (a segmentation fault) fails the calling test, not pytest."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
+    return proc.stdout
+
+
 # ---------------------------------------------------------------- FusedStagedWriter
 
 
@@ -67,13 +77,10 @@ def test_uninitialised_pointers_raise_instead_of_crashing():
         assert all(int(t.gpu.abs().sum()) == 0 for t in tensors), "something was written"
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
-    assert "ValueError: output_ptrs[0] = 0x" in proc.stdout
-    assert "but tensors[0].gpu.data_ptr() is 0x" in proc.stdout
-    assert "(uninitialised or stale?)" in proc.stdout
+    out = _in_a_child(script)
+    assert "ValueError: output_ptrs[0] = 0x" in out
+    assert "but tensors[0].gpu.data_ptr() is 0x" in out
+    assert "(uninitialised or stale?)" in out
 
 
 @pytest.mark.parametrize(
@@ -637,11 +644,7 @@ def test_slot_mappings_refuse_an_out_with_more_rows_than_groups(torch_device, ro
         print("written:", int((base != 9).sum()))
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, f"child died with {proc.returncode}: {proc.stderr[-2000:]}"
-    assert proc.stdout.splitlines() == [
+    assert _in_a_child(script).splitlines() == [
         f"ValueError: out must be an int64 [2, n] tensor with unit column stride on "
         f"{torch_device}, got torch.int64 ({rows}, 64) on {torch_device}",
         "written: 0",
@@ -825,11 +828,7 @@ def test_the_device_rule_compares_device_types_for_equality():
             print(case, "ok" if got is same else f"got {got}")
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split("\n")[:3] == [
+    assert _in_a_child(script).split("\n")[:3] == [
         "cpu-refuses-aaa ok",
         "aaa-refuses-cpu ok",
         "aaa-takes-aaa ok",
