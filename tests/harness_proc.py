@@ -7,7 +7,6 @@ can prove afterwards that none of them (or of their children) is left.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -48,12 +47,6 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def leftover_processes(marker: str) -> list[int]:

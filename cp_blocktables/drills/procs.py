@@ -13,6 +13,7 @@ import contextlib
 import glob
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -147,7 +148,36 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def free_port() -> int:
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST = 10000
+
+
+def free_port(ephemeral: Path = _EPHEMERAL) -> int:
+    """A port that is free now and that the kernel will not hand to anybody else.
+
+    Ranks launched by hand learn the store's port before rank 0 binds it, so
+    the port is chosen here, released, and bound seconds later. A port from
+    the kernel's ephemeral range (what `bind(0)` gives) can be handed out
+    again in between: to a torchrun agent's store or a gloo socket of a run
+    beside this one, and a rank then joins a stranger's store. The kernel
+    hands out only ports inside `ip_local_port_range` (to `bind(0)` and to
+    `connect`), so the port is drawn at random below it; only another
+    explicit choice could take it. Where that range leaves no room below,
+    `bind(0)` it is.
+    """
+    try:
+        low = int(ephemeral.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = _LOWEST
+    rng = random.SystemRandom()
+    for _ in range(64 if low - _LOWEST >= 1024 else 0):
+        port = rng.randrange(_LOWEST, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -7,7 +7,9 @@ import sys
 import time
 
 import pytest
-from harness_proc import ROOT, child_env, free_port, leftover_processes, run_cli
+from harness_proc import ROOT, child_env, leftover_processes, run_cli
+
+from cp_blocktables.drills.procs import free_port
 
 pytestmark = pytest.mark.multirank
 

@@ -8,7 +8,9 @@ import sys
 import uuid
 
 import pytest
-from harness_proc import ROOT, child_env, free_port, leftover_processes
+from harness_proc import ROOT, child_env, leftover_processes
+
+from cp_blocktables.drills.procs import free_port
 
 pytestmark = pytest.mark.multirank
 
