@@ -58,8 +58,7 @@ class Comm:
             self.backend = self.placement.backend
             if self.rank == 0 and self.placement.note:
                 print(f"cp-blocktables: {self.placement.note}", flush=True)
-        if self.backend == "nccl" or self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        self._make_gpu_current()
         try:
             dist.init_process_group(
                 self.backend,
@@ -90,6 +89,7 @@ class Comm:
         if not dist.is_initialized():
             raise PeerError(f"rank {self.rank}: no process group to adopt")
         self._owns_group = False
+        self._make_gpu_current()
         with contextlib.suppress(Exception):
             self._store = dist.distributed_c10d._get_default_store()
         if self.backend != "gloo":
@@ -115,16 +115,31 @@ class Comm:
         round robin by the host's ranks with `device="cuda"`, or with `device="auto"`
         when the census chose gloo because the host has fewer GPUs than ranks.
 
-        The CPU is `cpu` on even ranks and `cpu:0` on odd ones: an engine names its
-        device with an index (`cuda:3`), and a tensor on the CPU reports none, so an
-        implementation that compares devices by index refuses its own tables."""
+        Even ranks name it with an index and odd ranks without: `cpu` and `cpu:0`,
+        `cuda:N` and the bare `cuda` (with `N` made current). Engines name devices
+        both ways, and tensors always report theirs with an index on a GPU and
+        without one on the CPU, so an implementation that compares devices by
+        their names refuses its own tables on one kind of rank."""
+        gpu = self._gpu()
+        if gpu is None:
+            return torch.device("cpu", 0) if self.rank % 2 else torch.device("cpu")
+        return torch.device("cuda") if self.rank % 2 else torch.device("cuda", gpu)
+
+    def _gpu(self) -> int | None:
+        """The index of the rank's GPU, or None when it runs on the CPU."""
         gpu = self.placement.host_index if self.placement else self.env.local_rank
         if self.backend == "nccl":
-            return torch.device("cuda", gpu)
+            return gpu
         shared = self.placement is not None and self.placement.shares_gpus
         if self._device == "cuda" or (self._device == "auto" and shared):
-            return torch.device("cuda", gpu % torch.cuda.device_count())
-        return torch.device("cpu", 0) if self.rank % 2 else torch.device("cpu")
+            return gpu % torch.cuda.device_count()
+        return None
+
+    def _make_gpu_current(self) -> None:
+        """Make the rank's GPU current, before any tensor lands on the bare `cuda`."""
+        gpu = self._gpu()
+        if gpu is not None:
+            torch.cuda.set_device(gpu)
 
     @property
     def backend_note(self) -> str:

@@ -115,8 +115,8 @@ class OursGatherFirstProgramRows(BlockTables):
 
 class OursDeviceByIndex(BlockTables):
     """Checks its tables' device with `==`: a tensor on the CPU reports `cpu`, never the
-    `cpu:0` an engine may name, so an instance built on an indexed device refuses its own
-    tables."""
+    `cpu:0` an engine may name, and one on a GPU `cuda:N`, never the bare `cuda`; an
+    instance built on `cpu:0` or `cuda` refuses its own tables."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
