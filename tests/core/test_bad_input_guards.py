@@ -493,6 +493,32 @@ def test_the_cuda_pointer_cache_does_not_read_a_verified_tensor_again(monkeypatc
 
 
 @pytest.mark.parametrize(
+    ("count", "sizes_after", "first_read_again"),
+    [
+        pytest.param(64, 64, False, id="64-tensors-all-remembered"),
+        pytest.param(65, 1, True, id="the-65th-starts-afresh"),
+    ],
+)
+def test_the_cuda_pointer_cache_holds_64_tensors(monkeypatch, count, sizes_after, first_read_again):
+    """The module doc of `guards`: verified CUDA pointer tensors are remembered, up to 64 of
+    them (`_CACHE_LIMIT`). 64 tensors verified once are all remembered, so checking the first
+    again reads nothing; the 65th clears the cache before it is stored, so the first is
+    read again. (tests/core/test_cuda.py holds the same on real CUDA tensors.)"""
+    monkeypatch.setattr(guards, "_verified", {})
+    cuda = torch.device("cuda")
+    tensors = [
+        torch.tensor([i, i + 1], dtype=torch.int64).as_subclass(_CudaLookingReads)
+        for i in range(count)
+    ]
+    for i, t in enumerate(tensors):
+        guards.check_address_tensor(t, [i, i + 1], "ptrs", "want[{i}]", cuda)
+    assert len(guards._verified) == sizes_after
+    monkeypatch.setattr(_CudaLookingReads, "reads", 0)
+    guards.check_address_tensor(tensors[0], [0, 1], "ptrs", "want[{i}]", cuda)
+    assert _CudaLookingReads.reads == int(first_read_again)
+
+
+@pytest.mark.parametrize(
     ("change", "message"),
     [
         ("rewritten-in-place", r"ptrs\[1\] = 0x3000 but want\[1\] is 0x2000"),

@@ -258,7 +258,8 @@ def test_host_pointer_checks_do_not_evict_verified_cuda_tensors(monkeypatch):
 
 
 def test_remembered_address_tensors_fill_the_cache_but_never_pass_its_limit(monkeypatch):
-    """The cache of verified CUDA pointer tensors grows to `_CACHE_LIMIT` entries, no more."""
+    """The cache of verified CUDA pointer tensors grows to 64 entries (`_CACHE_LIMIT`), no
+    more: the 65th clears it before it is stored."""
     monkeypatch.setattr(guards, "_verified", {})
     cuda = torch.device("cuda")
     tensors = [torch.tensor([i], dtype=torch.int64, device=cuda) for i in range(130)]
@@ -266,4 +267,4 @@ def test_remembered_address_tensors_fill_the_cache_but_never_pass_its_limit(monk
     for i, t in enumerate(tensors):
         guards.check_address_tensor(t, [i], "ptrs", "want[{i}]", cuda)
         sizes.append(len(guards._verified))
-    assert max(sizes) == guards._CACHE_LIMIT
+    assert sizes == [*range(1, 65), *range(1, 65), 1, 2]
