@@ -90,6 +90,8 @@ def test_uninitialised_pointers_raise_instead_of_crashing():
         ("swapped-ptrs", r"output_ptrs\[0\] = 0x[0-9a-f]+ but tensors\[0\].gpu.data_ptr\(\)"),
         ("short-ptrs", r"output_ptrs must be a 1-D uint64 or int64 tensor of 2 entries"),
         ("0-d-ptrs", r"output_ptrs must be a 1-D uint64 .* got torch.uint64 of shape \(\)"),
+        ("2-d-ptrs", r"output_ptrs must be a 1-D uint64 .* got torch.uint64 of shape \(2, 1\)"),
+        ("2-d-strides", r"output_strides must be a 1-D .* got torch.int64 of shape \(2, 1\)"),
         ("float-ptrs", r"output_ptrs must be a 1-D uint64 or int64 tensor .* got torch.float64"),
         ("not-a-tensor", r"output_ptrs must be a torch.Tensor, got list"),
         ("not-staged", r"tensors\[1\] must be a StagedWriteTensor, got Tensor"),
@@ -109,6 +111,10 @@ def test_fused_writer_refuses_bad_layouts_and_keeps_writes(torch_device, case, m
         args[1] = ptrs[:1]
     elif case == "0-d-ptrs":
         args[1] = ptrs[0]
+    elif case == "2-d-ptrs":  # one row per tensor: as many entries, one dimension too many
+        args[1] = ptrs[:, None]
+    elif case == "2-d-strides":
+        args[2] = strides[:, None]
     elif case == "float-ptrs":
         args[1] = torch.zeros(2, dtype=torch.float64, device=torch_device)
     elif case == "not-a-tensor":
@@ -339,7 +345,7 @@ def _bt_with_rows(device) -> BlockTables:
     return bt
 
 
-@pytest.mark.parametrize("case", ["uninitialised", "stale", "short", "overlapping-rows"])
+@pytest.mark.parametrize("case", ["uninitialised", "stale", "short", "2-d", "overlapping-rows"])
 def test_gather_refuses_out_ptrs_not_naming_out(torch_device, case):
     bt = _bt_with_rows(torch_device)
     out = [torch.full((4, w), 9, dtype=torch.int32, device=torch_device) for w in (8, 4)]
@@ -351,6 +357,8 @@ def test_gather_refuses_out_ptrs_not_naming_out(torch_device, case):
         ptrs[0] = bt.input_block_tables[0].data_ptr()
     elif case == "short":
         ptrs, match = ptrs[1:], "out_ptrs must be a 1-D uint64 or int64 tensor of 2 entries"
+    elif case == "2-d":  # a row per group: as many entries, one dimension too many
+        ptrs, match = ptrs[:, None], r"out_ptrs must be a 1-D .* of shape \(2, 1\)"
     else:
         out[1] = torch.full((1, 4), 9, dtype=torch.int32, device=torch_device).expand(4, 4)
         match = r"out\[1\] has row stride 0 for 4 columns: its rows overlap"

@@ -176,6 +176,27 @@ def _write_pools(owner) -> list:
     ]
 
 
+def test_fused_writer_rotates_two_staging_buffers_by_default(torch_device):
+    """`max_concurrency` is the project's extension of SPEC.md 4's `FusedStagedWriter(device,
+    max_writes)`, defaulting to 2 as `UvaBufferPool` does (`BlockTables` builds its writer
+    with the default): an apply's staging buffers stay intact for one more apply, and the
+    third apply reuses the first one's."""
+    tensors = [StagedWriteTensor((3, 4), torch.int32, torch_device) for _ in range(2)]
+    ptrs = torch.tensor([t.gpu.data_ptr() for t in tensors], dtype=torch.uint64)
+    strides = torch.tensor([t.gpu.stride(0) for t in tensors], dtype=torch.int64)
+    ptrs, strides = ptrs.to(torch_device), strides.to(torch_device)
+    writer = FusedStagedWriter(torch_device, max_writes=4)
+    assert writer.max_concurrency == 2
+    for row in range(3):
+        tensors[1].stage_write(row, 0, [row + 1])
+        writer.apply(tensors, ptrs, strides)
+    assert tensors[1].gpu[:, 0].tolist() == [1, 2, 3]
+    pools = _write_pools(writer)
+    assert all(len(pool._buffers) == 2 for pool in pools)
+    rows = writer._buffers[torch.int32].rows._buffers
+    assert [int(b.np[0]) for b in rows] == [2, 1]  # the third apply's row 2 over the first's 0
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
 def test_garbage_in_the_write_buffers_is_harmless(torch_device, fused):
     """docs/contract-notes.md (wake-up): the staging pools are rewritten before each use, so
