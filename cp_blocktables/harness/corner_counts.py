@@ -191,13 +191,17 @@ class _CornerCounts:
         """Tokens mapped at positions past 2**31 (`Preset.far_start`), where the slot
         mapping must compute positions in int64; `past_2_31_by_cp` those of a layout whose
         tables stay below 2**31 positions without their CP factor (columns times kernel
-        block size), so that a span computed without it takes the int32 path."""
+        block size), so that a span computed without it takes the int32 path.
+        `past_2_30_int32`: tokens at positions from 2**30 on while every table spans fewer
+        than 2**31 positions with its CP factor, the top half of the int32 path's range."""
         cfg, c = self.cfg, self.corners
         if not any(cfg.slot_mapping_enabled):
             return
         widths = [cfg.table_width(g) * cfg.kernel_block_sizes[g] for g in range(self.num_groups)]
         bare = max(widths) < 2**31
+        int32 = max(w * cfg.group_cp_size(g) for g, w in enumerate(widths)) < 2**31
         for req, n in scheduled:
             past = max(0, req.nct + n - max(req.nct, 2**31))  # of positions [nct, nct + n)
             c["position_past_2_31"] += past
             c["past_2_31_by_cp"] += past if bare else 0
+            c["past_2_30_int32"] += max(0, req.nct + n - max(req.nct, 2**30)) if int32 else 0

@@ -6,13 +6,18 @@ must take int64, and a position past 2**31 must map to its slot, not fall
 outside every table. `cp8-span-2-31` makes the tables span 2**31 positions
 with short requests; `cp2-past-2-31` puts requests past position 2**31
 (`Preset.far_start`, unseeded prefixes) in tables that span 2**31 only with
-their CP factor.
+their CP factor; `cp2-below-2-31` puts them at the top of tables that span
+just under 2**31 positions, where the int32 path must still map positions
+past 2**30.
 """
 
 from __future__ import annotations
 
 from .preset_catalog import _DUMMY_IN_TABLE, COMMON
 from .preset_spec import GroupSpec, Preset
+
+_BELOW_2_31 = 2**31 - 2**21
+"""Tables of 1,023 virtual blocks of 2**21 positions (2,046 of 2**20 unsharded)."""
 
 SPAN_PRESETS: tuple[Preset, ...] = (
     Preset(
@@ -87,6 +92,37 @@ SPAN_PRESETS: tuple[Preset, ...] = (
             "slot_past_2_31",
             "interleave_between",
             "several_block_sizes",
+            "spec_decode",
+            "spec_rejected",
+        },
+    ),
+    Preset(
+        name="cp2-below-2-31",
+        description="cp 2, interleave 8: requests that start just below the top of tables "
+        "spanning 2**31 - 2**21 positions (prefixes not seeded), so positions past 2**30 on "
+        "the slot mapping's int32 path; a sharded and an unsharded group of blocks of 2**20 "
+        "tokens; short requests from 0 beside them",
+        groups=(GroupSpec(2**20), GroupSpec(2**20, sharded=False)),
+        cp_size=2,
+        cp_interleave=8,
+        num_steps=12,
+        max_num_reqs=4,
+        max_num_batched_tokens=128,
+        max_model_len=_BELOW_2_31,
+        max_batch_reqs=4,
+        max_prefill_chunk=48,
+        max_prompt_len=96,
+        max_decode_len=16,
+        spec_tokens=2,
+        prefix_prob=0.5,  # every prefix-cached request starts far out
+        far_start=_BELOW_2_31 - 256,
+        corners=_DUMMY_IN_TABLE
+        | (COMMON - {"prefix_cached_start"})
+        | {
+            "past_2_30_int32",
+            "two_groups",
+            "slot_past_2_31",
+            "interleave_between",
             "spec_decode",
             "spec_rejected",
         },

@@ -61,6 +61,7 @@ CORNERS = (
     "span_past_2_31",
     "position_past_2_31",
     "past_2_31_by_cp",
+    "past_2_30_int32",
     "no_power_of_two",
     "lone_non_power_of_two",
     "full_batch",

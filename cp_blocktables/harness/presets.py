@@ -38,6 +38,7 @@ for _p in (*SWEEP_PRESETS, *GROUP_PRESETS, *SPAN_PRESETS, *BENCH_PRESETS):
 SWEEP: tuple[str, ...] = (
     "cp1-window",
     "cp2-past-2-31",
+    "cp2-below-2-31",
     "cp2-i1",
     "cp2-unit-blocks",
     "default",

@@ -121,6 +121,18 @@ CASES = [
         [(3, 2**31 - 7, 5), (-1, 0, 2), (0, 17, 4), (5, 2**31 - 2, 2)],
         pos32=False,
     ),
+    _case(  # the span, 2000 * 2**20, lies just below 2**31, so POS32 holds: positions
+        # from 2**30 up to the span's end fit int32 and lie in the table
+        "cp2-positions-past-2**30-on-the-int32-path",
+        _config(block_sizes=[2**20], max_num_blocks_per_group=[1000], cp_size=2, cp_rank=1),
+        [(0, 2**30 - 3, 6), (-1, 2**40, 2), (1, 2000 * 2**20 - 6, 6), (2, 0, 3)],
+    ),
+    _case(  # as above by truncating division: 1300 blocks of 3 * 2**19 span just below 2**31
+        "cp1-positions-past-2**30-on-the-int32-path-not-pow2",
+        _config(block_sizes=[3 * 2**19], max_num_blocks_per_group=[1300]),
+        [(0, 2**30 + 5, 4), (1, 1300 * 3 * 2**19 - 4, 4), (-1, 0, 1)],
+        pow2=False,
+    ),
     _case(
         "cp1-slots-past-2**31",
         _config(block_sizes=[16, 12], max_num_blocks_per_group=[64, 96]),

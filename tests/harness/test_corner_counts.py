@@ -11,15 +11,16 @@ from cp_blocktables.harness.preset_spec import GroupSpec
 from cp_blocktables.harness.workload import Workload, generate
 
 FAR = presets.PRESETS["cp2-past-2-31"]
+BELOW = presets.PRESETS["cp2-below-2-31"]
 
 
-def _tokens_past_2_31(w: Workload) -> int:
-    """Real tokens at positions >= 2**31, counted from the steps themselves."""
+def _tokens_past(w: Workload, bound: int = 2**31) -> int:
+    """Real tokens at positions >= `bound`, counted from the steps themselves."""
     n = 0
     for s in w.steps:
         if s.kind == "real":
             _, uids = s.token_rows()
-            n += int((s.positions[: s.num_tokens][uids >= 0] >= 2**31).sum())
+            n += int((s.positions[: s.num_tokens][uids >= 0] >= bound).sum())
     return n
 
 
@@ -35,7 +36,7 @@ def _bare_and_full_spans(p: presets.Preset) -> tuple[int, int]:
 @pytest.mark.parametrize("seed", range(4))
 def test_position_past_2_31_counts_each_real_token_there(seed):
     w = generate(FAR, seed)
-    assert w.corners["position_past_2_31"] == _tokens_past_2_31(w) > 0
+    assert w.corners["position_past_2_31"] == _tokens_past(w) > 0
     assert w.corners["past_2_31_by_cp"] == w.corners["position_past_2_31"]
 
 
@@ -55,17 +56,39 @@ def test_an_unsharded_table_spanning_2_31_alone_is_not_by_cp():
     p.validate()
     assert _bare_and_full_spans(p)[0] >= 2**31
     w = generate(p, 0)
-    assert w.corners["position_past_2_31"] == _tokens_past_2_31(w) > 0
+    assert w.corners["position_past_2_31"] == _tokens_past(w) > 0
     assert w.corners["past_2_31_by_cp"] == 0
 
 
-def test_only_far_presets_count_or_promise_positions_past_2_31():
+def test_only_far_presets_count_or_promise_positions_past_2_30():
+    far_corners = {"position_past_2_31", "past_2_30_int32"}
     for name, p in presets.PRESETS.items():
-        far = bool(p.far_start)
-        assert ("position_past_2_31" in p.corners) == far, name
+        assert bool(far_corners & p.corners) == bool(p.far_start), name
         if not p.far_start:
-            assert generate(p, 0, reach=False).corners["position_past_2_31"] == 0, name
-    assert "cp2-past-2-31" in presets.SWEEP
+            c = generate(p, 0, reach=False).corners
+            assert c["position_past_2_31"] == c["past_2_30_int32"] == 0, name
+    assert {"cp2-past-2-31", "cp2-below-2-31"} <= set(presets.SWEEP)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_past_2_30_int32_counts_each_real_token_from_2_30_on(seed):
+    w = generate(BELOW, seed)
+    assert w.corners["past_2_30_int32"] == _tokens_past(w, 2**30) > 0
+    assert w.corners["position_past_2_31"] == 0
+
+
+def test_the_below_preset_spans_just_under_2_31():
+    """So a slot mapping may take the int32 path, and must still map positions up to the
+    span, past 2**30."""
+    _, full = _bare_and_full_spans(BELOW)
+    assert BELOW.far_start > 2**30
+    assert BELOW.max_model_len <= full < 2**31
+
+
+def test_tokens_past_2_30_in_tables_spanning_2_31_are_not_on_the_int32_path():
+    w = generate(FAR, 0)
+    assert _tokens_past(w, 2**30) > 0
+    assert w.corners["past_2_30_int32"] == 0
 
 
 def test_far_steps_pass_no_position_past_max_model_len():

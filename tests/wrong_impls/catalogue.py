@@ -38,6 +38,7 @@ from .catalogue_ours import (
     OursDeviceByIndex,
     OursDummyNotDirty,
     OursGatherFirstProgramRows,
+    OursInt32PathBelow2To30,
     OursInt32Slots,
     OursKernelIdsByOr,
     OursNoWindowMask,
@@ -171,5 +172,6 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_integrity_names_dummy_rows": _entry(OursIntegrityNamesDummyRows, 10),
     "ours_integrity_stale_cancels": _entry(OursIntegrityStaleCancels, 10),
     "ours_unit_block_masked_unwindowed": _entry(OursUnitBlockMaskedUnwindowed, 6),
+    "ours_int32_path_below_2_30": _entry(OursInt32PathBelow2To30, 1),
 }
 """name -> (`--impl` spec, the check that must report it)."""

@@ -11,6 +11,7 @@ import torch
 
 from cp_blocktables import BlockTables, staged
 from cp_blocktables import block_tables as _bt
+from cp_blocktables.contract import PAD_SLOT_ID
 
 
 class OursInt32Slots(BlockTables):
@@ -20,6 +21,28 @@ class OursInt32Slots(BlockTables):
         out = super().compute_slot_mappings(*args, **kwargs)
         self.slot_mappings.copy_(self.slot_mappings.to(torch.int32).to(torch.int64))
         return out
+
+
+class OursInt32PathBelow2To30(BlockTables):
+    """Maps positions from 2**30 on to PAD while every table spans fewer than 2**31
+    positions, as an int32 path bounded by 2**30 instead of 2**31 would: legal tokens at
+    the top of such tables are written on no rank."""
+
+    def compute_slot_mappings(
+        self, idx_mapping, query_start_loc, positions, num_tokens_padded, out=None
+    ):
+        slots = super().compute_slot_mappings(
+            idx_mapping, query_start_loc, positions, num_tokens_padded, out
+        )
+        cfg = self.config
+        spans = [
+            cfg.max_num_blocks_per_group[g] * cfg.block_sizes[g] * cfg.group_cp_size(g)
+            for g in range(cfg.num_kv_cache_groups)
+        ]
+        if spans and max(spans) < 2**31:
+            n = int(query_start_loc[-1])
+            slots[:, :n][:, positions[:n] >= 2**30] = PAD_SLOT_ID
+        return slots
 
 
 class OursNoWindowMask(BlockTables):
