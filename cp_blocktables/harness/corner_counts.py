@@ -157,11 +157,16 @@ class _CornerCounts:
         # bits set) takes it for one: 20 among powers of two flips the whole layout's path.
         lone = {x for x in [*sizes, cfg.cp_interleave] if x & (x - 1)}
         lone = len(lone) == 1 and all(x % 2 == 0 and x & (x >> 1) == 0 for x in lone)
+        # Every size is one below a power of two (all ones: 1, 3, 7, 15) and one is not 1:
+        # a test that takes `n & (n + 1)` for `n & (n - 1)` shifts by log2(3) for a 3.
+        ones = [*sizes, cfg.cp_interleave]
+        ones = bool(sizes) and all(x & (x + 1) == 0 for x in ones) and max(ones) > 1
         for req, n in scheduled:
             self.real_tokens += n
             c["giant_request_step"] += n > 8192
             c["no_power_of_two"] += n if odd else 0
             c["lone_non_power_of_two"] += n if lone else 0
+            c["all_ones_sizes"] += n if ones else 0
             for g in range(self.num_groups):
                 w, bs = self.reach[g], kernel[g]
                 if w and req.nct > w and (req.nct - w) % bs == 0:

@@ -5,6 +5,8 @@ still work and return empty results; with one, the apply takes its single-table
 path (no fused writer); with six, the fused launch carries groups of block sizes
 4 to 128 and two sliding windows of other reaches side by side. A block of one slot
 under CP is a regime too: a sharded group's positions run to twice its width in blocks.
+So are sizes one below a power of two (3, 7, 15: all ones in binary), the numbers a
+power-of-two test most easily takes for powers of two when every size is one.
 """
 
 from __future__ import annotations
@@ -29,6 +31,27 @@ GROUP_PRESETS: tuple[Preset, ...] = (
         max_prompt_len=200,
         max_decode_len=16,
         corners=frozenset({"unit_block_past_width", "interleave_1", "several_block_sizes"}),
+    ),
+    Preset(
+        name="cp3-all-ones",
+        description="cp 3, interleave 3: block sizes 3 and 15 sharded, 7 unsharded, so every "
+        "size a slot mapping divides by is one below a power of two (all ones in binary) and "
+        "a power-of-two test that errs on such numbers shifts where it must divide; at world "
+        "size 8 two CP groups run it and two ranks sit it out",
+        groups=(GroupSpec(3), GroupSpec(15), GroupSpec(7, sharded=False)),
+        cp_size=3,
+        cp_interleave=3,
+        num_steps=8,
+        max_num_reqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=360,
+        max_batch_reqs=4,
+        max_prefill_chunk=48,
+        max_prompt_len=200,
+        max_decode_len=16,
+        corners=frozenset(
+            {"all_ones_sizes", "interleave_eq_block", "interleave_between", "several_block_sizes"}
+        ),
     ),
     Preset(
         name="groups-0",

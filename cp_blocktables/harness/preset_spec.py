@@ -64,6 +64,7 @@ CORNERS = (
     "past_2_30_int32",
     "no_power_of_two",
     "lone_non_power_of_two",
+    "all_ones_sizes",
     "full_batch",
     "wide_gather",
     "full_step",

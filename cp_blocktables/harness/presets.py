@@ -46,6 +46,7 @@ SWEEP: tuple[str, ...] = (
     "cp8-large-ids",
     "cp8-span-2-31",
     "cp3-no-power-of-two",
+    "cp3-all-ones",
     "large-steps",
     "kbs-cp1",
     "kbs-cp4",

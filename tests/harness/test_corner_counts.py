@@ -155,3 +155,29 @@ def test_a_gather_of_16_rows_is_not_wide():
     """16 rows of 4,096 columns fill one program of the interpreter's 65,536 entries."""
     p = dataclasses.replace(LARGE, max_num_reqs=16, max_batch_reqs=16, corners=frozenset())
     assert generate(p, 0).corners["wide_gather"] == 0
+
+
+ALL_ONES = presets.PRESETS["cp3-all-ones"]
+
+
+def _all_ones(p: presets.Preset) -> bool:
+    """Every kernel block size, group CP size and the interleave is one below a power of two."""
+    cfg = p.config(0)
+    groups = range(cfg.num_kv_cache_groups)
+    sizes = [*cfg.kernel_block_sizes, *(cfg.group_cp_size(g) for g in groups), p.cp_interleave]
+    return bool(cfg.num_kv_cache_groups) and all((x + 1) & x == 0 for x in sizes) and max(sizes) > 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_all_ones_sizes_counts_every_real_token_of_such_a_layout(seed):
+    w = generate(ALL_ONES, seed)
+    real = sum(int((s.token_rows()[1] >= 0).sum()) for s in w.steps if s.kind == "real")
+    assert w.corners["all_ones_sizes"] == real > 0
+
+
+def test_only_the_all_ones_preset_has_such_a_layout_and_promises_it():
+    for name, p in presets.PRESETS.items():
+        assert _all_ones(p) == (name == "cp3-all-ones") == ("all_ones_sizes" in p.corners), name
+        if not _all_ones(p):
+            assert generate(p, 0, reach=False).corners["all_ones_sizes"] == 0, name
+    assert "cp3-all-ones" in presets.SWEEP

@@ -43,6 +43,7 @@ from .catalogue_ours import (
     OursKernelIdsByOr,
     OursNoWindowMask,
     OursNullBlockRefused,
+    OursPowersOfTwoByAllOnes,
     OursRowsByWidth,
     OursTwoGroupsUnfused,
     OursUnitBlockMaskedUnwindowed,
@@ -173,5 +174,6 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_integrity_stale_cancels": _entry(OursIntegrityStaleCancels, 10),
     "ours_unit_block_masked_unwindowed": _entry(OursUnitBlockMaskedUnwindowed, 6),
     "ours_int32_path_below_2_30": _entry(OursInt32PathBelow2To30, 1),
+    "ours_powers_of_two_by_all_ones": _entry(OursPowersOfTwoByAllOnes, 1),
 }
 """name -> (`--impl` spec, the check that must report it)."""

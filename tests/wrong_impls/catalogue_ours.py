@@ -7,11 +7,15 @@ each.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from cp_blocktables import BlockTables, staged
 from cp_blocktables import block_tables as _bt
 from cp_blocktables.contract import PAD_SLOT_ID
+from cp_blocktables.kernels import layout as _layout
+from cp_blocktables.kernels import slot_mappings as _slots
 
 
 class OursInt32Slots(BlockTables):
@@ -163,6 +167,35 @@ class OursKernelIdsByOr(BlockTables):
             super().append_block_ids(req_index, new_block_ids, overwrite)
         finally:
             _bt._expand = saved
+
+
+@contextlib.contextmanager
+def _powers_of_two_by_all_ones():
+    """`is_pow2` as `n & (n + 1) == 0` where the slot mapping's layout and launch read it."""
+    saved = _layout.is_pow2, _slots.is_pow2
+    _layout.is_pow2 = _slots.is_pow2 = lambda n: n > 0 and n & (n + 1) == 0
+    try:
+        yield
+    finally:
+        _layout.is_pow2, _slots.is_pow2 = saved
+
+
+class OursPowersOfTwoByAllOnes(BlockTables):
+    """Tests powers of two with `n & (n + 1)` for `n & (n - 1)`: 3, 7 and 15 pass and 2, 4
+    and 8 fail, so a layout of powers of two divides (right, slower) and one whose every size
+    is one below a power of two shifts by log2(3) for a 3."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        with _powers_of_two_by_all_ones():
+            super().__init__(*args, **kwargs)
+
+    def compute_slot_mappings(self, *args, **kwargs):
+        with _powers_of_two_by_all_ones():
+            return super().compute_slot_mappings(*args, **kwargs)
+
+    def gather_and_compute_slot_mappings(self, *args, **kwargs):
+        with _powers_of_two_by_all_ones():
+            return super().gather_and_compute_slot_mappings(*args, **kwargs)
 
 
 class OursUnitBlockMaskedUnwindowed(BlockTables):
