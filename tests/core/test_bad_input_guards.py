@@ -89,6 +89,8 @@ def test_uninitialised_pointers_raise_instead_of_crashing():
         ("wrong-stride", r"output_strides\[1\] = 4 but tensors\[1\].gpu.stride\(0\) is 8"),
         ("swapped-ptrs", r"output_ptrs\[0\] = 0x[0-9a-f]+ but tensors\[0\].gpu.data_ptr\(\)"),
         ("short-ptrs", r"output_ptrs must be a 1-D uint64 or int64 tensor of 2 entries"),
+        ("long-ptrs", r"output_ptrs must be a 1-D uint64 .* of 2 entries .* of shape \(3,\)"),
+        ("long-strides", r"output_strides must be a 1-D .* of 2 entries .* of shape \(3,\)"),
         ("0-d-ptrs", r"output_ptrs must be a 1-D uint64 .* got torch.uint64 of shape \(\)"),
         ("2-d-ptrs", r"output_ptrs must be a 1-D uint64 .* got torch.uint64 of shape \(2, 1\)"),
         ("2-d-strides", r"output_strides must be a 1-D .* got torch.int64 of shape \(2, 1\)"),
@@ -109,6 +111,10 @@ def test_fused_writer_refuses_bad_layouts_and_keeps_writes(torch_device, case, m
         args[1] = layout(tensors[::-1], torch_device)[0]
     elif case == "short-ptrs":
         args[1] = ptrs[:1]
+    elif case == "long-ptrs":  # the right two addresses, then one more
+        args[1] = torch.cat([ptrs, ptrs[:1]])
+    elif case == "long-strides":
+        args[2] = torch.cat([strides, strides[:1]])
     elif case == "0-d-ptrs":
         args[1] = ptrs[0]
     elif case == "2-d-ptrs":  # one row per tensor: as many entries, one dimension too many
@@ -345,7 +351,9 @@ def _bt_with_rows(device) -> BlockTables:
     return bt
 
 
-@pytest.mark.parametrize("case", ["uninitialised", "stale", "short", "2-d", "overlapping-rows"])
+@pytest.mark.parametrize(
+    "case", ["uninitialised", "stale", "short", "long", "2-d", "overlapping-rows"]
+)
 def test_gather_refuses_out_ptrs_not_naming_out(torch_device, case):
     bt = _bt_with_rows(torch_device)
     out = [torch.full((4, w), 9, dtype=torch.int32, device=torch_device) for w in (8, 4)]
@@ -357,6 +365,9 @@ def test_gather_refuses_out_ptrs_not_naming_out(torch_device, case):
         ptrs[0] = bt.input_block_tables[0].data_ptr()
     elif case == "short":
         ptrs, match = ptrs[1:], "out_ptrs must be a 1-D uint64 or int64 tensor of 2 entries"
+    elif case == "long":  # both addresses right, then one more
+        ptrs = torch.cat([ptrs, ptrs[:1]])
+        match = r"out_ptrs must be a 1-D .* of 2 entries .* of shape \(3,\)"
     elif case == "2-d":  # a row per group: as many entries, one dimension too many
         ptrs, match = ptrs[:, None], r"out_ptrs must be a 1-D .* of shape \(2, 1\)"
     else:

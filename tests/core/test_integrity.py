@@ -135,6 +135,19 @@ def test_a_token_at_slot_0_is_not_named_as_negative(torch_device):
     assert "group 0: slot 40 is shared by token 1 (batch entry 0, row 1) and token 2" in text
 
 
+def test_the_explanation_names_a_slot_between_pad_and_0_as_negative(torch_device):
+    """The explanation's rule is the module's: a slot other than `PAD_SLOT_ID` that is below
+    0 is named. Slot mappings are int64, where that is every slot below -1; the helper takes
+    any tensor, and in a float one a slot between -1 and 0 is negative too (the count, which
+    compares with `PAD_SLOT_ID`, does not count it: only a direct call reaches this)."""
+    d = torch_device
+    s = torch.tensor([[-0.5, PAD_SLOT_ID, -2.0, 40.0]], dtype=torch.float64, device=d)
+    text = integrity.explain_slot_mapping_faults(s, ints([0, 4], d), ints([1], d), None, [16])
+    assert "group 0: token 0 (batch entry 0, row 1) has negative slot" in text
+    assert "group 0: token 2 (batch entry 0, row 1) has negative slot -2" in text
+    assert text.count("negative slot") == 2  # token 1's PAD is no fault
+
+
 @pytest.mark.parametrize(
     ("token", "entry"),
     [(0, 0), (1, 0), (2, 2), (3, 3), (4, 3)],
