@@ -58,6 +58,27 @@ def test_the_apply_reads_cu_lens_only_inside_its_bounds(torch_device, fused):
     assert dst.cpu().tolist() == [[0, 1, 2, 3, 0, 0, 0, 0], [0, 0, 4, 5, 0, 0, 0, 0]]
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+def test_the_apply_counts_its_writes_along_the_first_dimension_of_rows(torch_device, fused):
+    """The kernel reads `rows` as `[num_writes]` from its data pointer, and the launch takes
+    `num_writes` from its first dimension: a `[num_writes, 1]` column of row indices (the
+    same memory) applies every write. Three writes, so that counting one (its last
+    dimension) would send the third's contents on from the second's, into row 0."""
+    i32 = lambda values: torch.tensor(values, dtype=torch.int32, device=torch_device)  # noqa: E731
+    dst = torch.zeros((3, 4), dtype=torch.int32, device=torch_device)
+    rows, starts = i32([[2], [0], [1]]), i32([0, 1, 2])
+    cu_lens, contents = i32([0, 2, 3, 5]), i32([1, 2, 3, 4, 5])
+    if fused:
+        ptrs = torch.tensor([dst.data_ptr()], dtype=torch.uint64, device=torch_device)
+        strides = torch.tensor([dst.stride(0)], dtype=torch.int64, device=torch_device)
+        staged_writes.apply_fused_writes(
+            torch_device, ptrs, strides, i32([0, 0, 0]), rows, starts, cu_lens, contents
+        )
+    else:
+        staged_writes.apply_writes(dst, rows, starts, cu_lens, contents)
+    assert dst.cpu().tolist() == [[0, 3, 0, 0], [0, 0, 4, 5], [1, 2, 0, 0]]
+
+
 def _compiled_apply_ttir(fused: bool) -> str:
     """The apply kernel's TTIR as Triton compiles it for a Hopper GPU (no GPU needed)."""
     kernel = staged_writes._apply_writes_kernel._compiled
