@@ -107,7 +107,8 @@ INTEGRITY = {
 # A CP size or a kernel-block ratio that is no power of two takes the sweep's
 # `cp3-no-power-of-two`, exactly two groups its `cp2-past-2-31`, 257 groups and a group of
 # one-token blocks beside windows `groups-6`, a sharded group of block size 1
-# `cp2-unit-blocks`; `verify` catches them.
+# `cp2-unit-blocks`, positions past 2**30 on the int32 path `cp2-below-2-31`, sizes one
+# below a power of two `cp3-all-ones`; `verify` catches them.
 LAYOUTS = {
     "cp_modulo_as_mask",
     "ours_two_groups_unfused",
@@ -116,6 +117,8 @@ LAYOUTS = {
     "ours_out_list_by_identity",
     "ours_kernel_ids_by_or",
     "ours_unit_block_masked_unwindowed",
+    "ours_int32_path_below_2_30",
+    "ours_powers_of_two_by_all_ones",
 }
 DRILLED = {
     n: entry for n, entry in CATALOGUE.items() if n not in SIZE_REGIMES | INTEGRITY | LAYOUTS
