@@ -30,6 +30,7 @@ class _BatchShape:
             entries = [entries[i] for i in rng.permutation(len(entries)).tolist()]
         else:
             entries = sorted(entries, key=lambda e: e[1])
+        entries.sort(key=lambda e: e[0] == self.last_one)  # stable: only that one moves last
         dummies = rng.random() < p.dummy_req_prob or self._overdue("dummy_request")
         if step.kind == "real" and dummies:
             for _ in range(int(rng.integers(1, 3))):

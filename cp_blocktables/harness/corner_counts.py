@@ -42,9 +42,12 @@ class _CornerCounts:
         c["wide_gather"] += step.num_reqs_padded > 16 and self._widest_table() > 2048
         # The buffer's last entry holds a real request's token.
         rows = step.token_rows()[0]
-        c["full_step"] += bool(
-            step.num_tokens == self.cfg.max_num_batched_tokens and rows.size and rows[-1] >= 0
-        )
+        full = step.num_tokens == self.cfg.max_num_batched_tokens and rows.size and rows[-1] >= 0
+        c["full_step"] += bool(full)
+        # ... and its last token alone in the last entry: in a buffer of a power of two
+        # mapped in one tile, an entry starting at the tile's last token, where a search for
+        # the tile's last entry must step past an entry that ends exactly at its bound.
+        c["full_step_one_token_last"] += bool(full and rows.size > 1 and rows[-2] != rows[-1])
         c["smaller_batch"] += step.num_reqs_padded < self.rows_high
         c["positions_tail_garbage"] += bool(tail.any())
         rows = step.idx_mapping[step.idx_mapping >= 0]

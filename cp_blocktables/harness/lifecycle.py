@@ -140,6 +140,7 @@ class _LifeCycle:
         self.nct_rows = np.zeros(cfg.max_num_reqs, dtype=np.int32)
         self.prev_num_tokens = 0
         self.whole_buffer = False  # this step's budget is every token of the buffer
+        self.last_one: int | None = None  # uid of the one-token entry a full step ends with
         self.rows_high = 0
         self.profiled_rows = 0  # rows the last dummy run handed to a profiling pass
         self.plot_uid: int | None = None

@@ -332,6 +332,6 @@ SWEEP_PRESETS: tuple[Preset, ...] = (
         corners=_DUMMY_IN_TABLE
         | COMMON
         | _KERNEL
-        | {"interleave_eq_kernel", "interleave_between", "full_step"},
+        | {"interleave_eq_kernel", "interleave_between", "full_step", "full_step_one_token_last"},
     ),
 )

@@ -96,6 +96,7 @@ GROUP_PRESETS: tuple[Preset, ...] = (
                 "overflow_refused",
                 "full_batch",
                 "full_step",
+                "full_step_one_token_last",
                 "gather_out",
                 "slot_out",
                 "profiling_writes",

@@ -68,6 +68,7 @@ CORNERS = (
     "full_batch",
     "wide_gather",
     "full_step",
+    "full_step_one_token_last",
     "writes_past_max_reqs",
     "two_appends_one_row",
     "append_then_overwrite",

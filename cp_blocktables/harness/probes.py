@@ -37,6 +37,7 @@ import torch
 from .features import Accepts
 from .integrity_probes import names_number, probe_integrity, probe_reference
 from .planted import i32, i64
+from .row_probe import probe_many_rows
 from .violations import Violation
 
 CONSTRUCTION = 9
@@ -139,6 +140,8 @@ def run_probes(
         found += probe_disabled_group_positions(factory, args, kwargs, cp_rank)
     if len(cfg.block_sizes) >= _MANY_GROUPS_FROM:
         found += probe_many_groups(factory, args, kwargs, cp_rank, reads=first_cp_group)
+        if first_cp_group:
+            found += probe_many_rows(factory, args, kwargs, cp_rank)
     if kwargs.get("integrity_checks"):
         found += probe_integrity(factory, args, kwargs, cp_rank, fused)
     return found

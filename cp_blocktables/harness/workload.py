@@ -251,6 +251,7 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
         self._count_step_corners(scheduled)
         self._shape_writes(step)
         step = self._batch(step, entries)
+        self.last_one = None
         self._advance(step, scheduled)
         return step
 
@@ -261,13 +262,19 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
         p, rng = self.p, self.rng
         cap = p.max_num_batched_tokens - 16
         self.whole_buffer = False
+        self.last_one = None
         self.most_in_step = p.max_batch_reqs
         if p.giant_prefill and self.prev_num_tokens > p.giant_prefill:
             budget = int(rng.integers(1, 64))  # a step far smaller than the one before,
             self.most_in_step = int(rng.integers(1, 3))  # of a request or two (a short step)
-        elif self._overdue("full_step"):
+        elif self._overdue("full_step") or self._overdue("full_step_one_token_last"):
             budget = p.max_num_batched_tokens  # every token: packed exactly by _pack
             self.whole_buffer = True
+            if not self._overdue("full_step") and self.free_rows:
+                # The last token of the buffer alone in the last entry (`_batch` puts it last).
+                last_one = self._admit(step)
+                self.last_one, budget = last_one.uid, budget - 1
+                self.most_in_step -= 1
         elif p.fill_batches or self._overdue("full_batch") or self._overdue("writes_past_max_reqs"):
             budget = cap
         elif rng.random() < 0.3:
@@ -275,7 +282,9 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
         else:
             budget = int(rng.integers(1, cap + 1))
         scheduled: list[tuple[_Request, int]] = []
-        running = sorted(self.running.values(), key=lambda r: r.uid)
+        running = sorted(
+            (r for r in self.running.values() if r.uid != self.last_one), key=lambda r: r.uid
+        )
         if p.giant_prefill and not self.corners["giant_request_step"] and self.free_rows:
             req = self._admit(step, prompt_len=p.giant_prefill)
             scheduled.append((req, p.giant_prefill))
@@ -298,6 +307,8 @@ class _Generator(_BatchShape, _CornerCounts, _LifeCycle, _Writes):
         budget = self._admit_some(step, scheduled, budget)
         if self.whole_buffer:
             self._pack(scheduled, budget)
+        if self.last_one is not None:
+            scheduled.append((last_one, 1))
         return scheduled
 
     def _pack(self, scheduled: list[tuple[_Request, int]], budget: int) -> None:

@@ -10,7 +10,7 @@ import torch
 from hopper import flag_divisions, hopper_ttir, needs_cuda_backend
 
 from cp_blocktables import NULL_BLOCK_ID, PAD_SLOT_ID
-from cp_blocktables.kernels import gather
+from cp_blocktables.kernels import _common, gather
 
 P = PAD_SLOT_ID
 
@@ -315,6 +315,19 @@ def test_gather_many_wide_rows(host_tiles, pair):
     out = p.gather([2, -1, 6], 3, num_rows=9)
     np.testing.assert_array_equal(out[0][1], 0)
     np.testing.assert_array_equal(p.bt.input_block_tables[1][3:].cpu().numpy(), 0)
+
+
+def test_gather_many_narrow_rows_in_16_element_tiles(monkeypatch, pair):
+    """With the mutation run's 16-element host tiles a gather of 40 rows of 2-column tables
+    takes 8 rows a program: several row blocks, each a power of two rows (the extent of
+    `tl.arange`), whatever `next_power_of_2(num_rows)` allows."""
+    monkeypatch.setattr(_common, "HOST_TILE", 16)
+    monkeypatch.setattr(gather, "_GATHER_META", {})  # launch constants of these tiles only
+    p = pair(**small(max_num_reqs=40, max_num_blocks_per_group=[2]))
+    for r in range(40):
+        p.append(r, ([r + 1, r + 2],))
+    p.bt.apply_staged_writes()
+    p.gather([*range(39, 20, -1), -1, *range(20)], 40)
 
 
 # ------------------------------------------------------------------ sizes

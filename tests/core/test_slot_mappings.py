@@ -157,6 +157,12 @@ CASES = [
         [(1, 3, 0), (-1, 0, 0), (2, 31, 9), (3, 0, 0)],
         padded=20,
     ),
+    _case(  # an entry starts at a tile's last token (127): the last-entry search meets
+        # a query_start_loc entry equal to its bound
+        "cp1-an-entry-starts-at-a-tiles-last-token",
+        _config(max_num_batched_tokens=128),
+        [(3, 5, 100), (0, 17, 27), (6, 40, 1)],
+    ),
     _case("no-requests", _config(), [], padded=0),
 ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from cp_blocktables.harness import presets
@@ -181,3 +182,19 @@ def test_only_the_all_ones_preset_has_such_a_layout_and_promises_it():
         if not _all_ones(p):
             assert generate(p, 0, reach=False).corners["all_ones_sizes"] == 0, name
     assert "cp3-all-ones" in presets.SWEEP
+
+
+@pytest.mark.parametrize("name", ["groups-1", "kbs-cp4"])
+def test_a_full_step_can_end_with_its_last_token_alone(name):
+    """Counted where the buffer is full and its last token is the whole last entry, which the
+    generator then moves to the end of the batch."""
+    p = presets.PRESETS[name]
+    w = generate(p, 0)
+    found = 0
+    for s in w.steps:
+        if s.kind != "real" or s.num_tokens != p.max_num_batched_tokens:
+            continue
+        counts = np.diff(s.query_start_loc)
+        last = np.flatnonzero(counts)[-1]  # a dummy of no tokens may follow
+        found += bool(counts[last] == 1 and s.uids[last] >= 0)
+    assert w.corners["full_step_one_token_last"] == found > 0
