@@ -79,6 +79,26 @@ def test_the_apply_counts_its_writes_along_the_first_dimension_of_rows(torch_dev
     assert dst.cpu().tolist() == [[0, 3, 0, 0], [0, 0, 4, 5], [1, 2, 0, 0]]
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+def test_the_apply_counts_its_elements_along_the_first_dimension_of_contents(torch_device, fused):
+    """The kernel reads `contents` as `[num_elems]` from its data pointer, and the launch
+    takes `num_elems` from its first dimension: a `[num_elems, 1]` column of values (the
+    same memory) is written whole. Counting one (its last dimension) writes only the first."""
+    i32 = lambda values: torch.tensor(values, dtype=torch.int32, device=torch_device)  # noqa: E731
+    dst = torch.zeros((2, 4), dtype=torch.int32, device=torch_device)
+    rows, starts, cu_lens = i32([1, 0]), i32([0, 1]), i32([0, 2, 5])
+    contents = i32([[1], [2], [3], [4], [5]])
+    if fused:
+        ptrs = torch.tensor([dst.data_ptr()], dtype=torch.uint64, device=torch_device)
+        strides = torch.tensor([dst.stride(0)], dtype=torch.int64, device=torch_device)
+        staged_writes.apply_fused_writes(
+            torch_device, ptrs, strides, i32([0, 0]), rows, starts, cu_lens, contents
+        )
+    else:
+        staged_writes.apply_writes(dst, rows, starts, cu_lens, contents)
+    assert dst.cpu().tolist() == [[0, 3, 4, 5], [1, 2, 0, 0]]
+
+
 def _compiled_apply_ttir(fused: bool) -> str:
     """The apply kernel's TTIR as Triton compiles it for a Hopper GPU (no GPU needed)."""
     kernel = staged_writes._apply_writes_kernel._compiled
