@@ -76,8 +76,9 @@ def _pair_sharing_out(
 def fault_behind_cut_rows(
     factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, pair: tuple
 ) -> Callable[[], object]:
-    """Rows `[0, CUT_ROWS)` hold two blocks, applied, then one by an overwrite, applied: each
-    keeps a stale entry past its count, which is no difference from its source. They hold the
+    """Rows `[0, CUT_ROWS)` hold three blocks, applied, then one by an overwrite, applied: each
+    keeps stale entries at its count and one column past it, which are no difference from
+    its source (a message that skips only the column at the count still sees one). They hold the
     same ids in every group, so the two groups of `pair`, sharing one `out` tensor, copy the
     same entries there. The last row holds different ids in those two groups, so whichever
     copy lands last, it alone differs from its source; gathered behind the cut rows, a
@@ -86,12 +87,12 @@ def fault_behind_cut_rows(
     n, last = rules.num_groups, rules.max_num_reqs - 1
     impl = factory(*args, **kwargs)
     for r in range(CUT_ROWS):
-        base = SHARED_ID + 2 * r
-        impl.append_block_ids(r, tuple([base, base + 1] for _ in range(n)), True)
+        base = SHARED_ID + 3 * r
+        impl.append_block_ids(r, tuple([base, base + 1, base + 2] for _ in range(n)), True)
     impl.apply_staged_writes()
     for r in range(CUT_ROWS):
-        impl.append_block_ids(r, tuple([SHARED_ID + 2 * r] for _ in range(n)), True)
-    fault = SHARED_ID + 2 * CUT_ROWS  # past the cut rows' ids
+        impl.append_block_ids(r, tuple([SHARED_ID + 3 * r] for _ in range(n)), True)
+    fault = SHARED_ID + 3 * CUT_ROWS  # past the cut rows' ids
     impl.append_block_ids(last, tuple([fault + (g == pair[1])] for g in range(n)), True)
     impl.apply_staged_writes()
     num_rows = CUT_ROWS + 1
