@@ -35,6 +35,20 @@ def test_the_interpreted_apply_divides_by_no_zero(fused):
     np.testing.assert_array_equal(tensors[-1].gpu.numpy(), expected)
 
 
+def _launch(dst, fused: bool, rows, starts, cu_lens, contents) -> None:
+    """`apply_writes` into `dst`, or the fused launch with `dst` as its only tensor."""
+    if not fused:
+        staged_writes.apply_writes(dst, rows, starts, cu_lens, contents)
+        return
+    device = dst.device
+    ptrs = torch.tensor([dst.data_ptr()], dtype=torch.uint64, device=device)
+    strides = torch.tensor([dst.stride(0)], dtype=torch.int64, device=device)
+    tensor_ids = torch.zeros(rows.shape[0], dtype=torch.int32, device=device)
+    staged_writes.apply_fused_writes(
+        device, ptrs, strides, tensor_ids, rows, starts, cu_lens, contents
+    )
+
+
 @pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
 def test_the_apply_reads_cu_lens_only_inside_its_bounds(torch_device, fused):
     """`cu_lens` holds `num_writes + 1` offsets, from 0: the kernel reads every bound it needs
@@ -47,14 +61,7 @@ def test_the_apply_reads_cu_lens_only_inside_its_bounds(torch_device, fused):
     dst = torch.zeros((2, 8), dtype=torch.int32, device=torch_device)
     rows, starts, contents = i32([0, 1]), i32([1, 2]), i32([1, 2, 3, 4, 5])
     cu_lens = i32([-2, 0, 3, 5, 9])[1:-1]
-    if fused:
-        ptrs = torch.tensor([dst.data_ptr()], dtype=torch.uint64, device=torch_device)
-        strides = torch.tensor([dst.stride(0)], dtype=torch.int64, device=torch_device)
-        staged_writes.apply_fused_writes(
-            torch_device, ptrs, strides, i32([0, 0]), rows, starts, cu_lens, contents
-        )
-    else:
-        staged_writes.apply_writes(dst, rows, starts, cu_lens, contents)
+    _launch(dst, fused, rows, starts, cu_lens, contents)
     assert dst.cpu().tolist() == [[0, 1, 2, 3, 0, 0, 0, 0], [0, 0, 4, 5, 0, 0, 0, 0]]
 
 
@@ -68,14 +75,7 @@ def test_the_apply_counts_its_writes_along_the_first_dimension_of_rows(torch_dev
     dst = torch.zeros((3, 4), dtype=torch.int32, device=torch_device)
     rows, starts = i32([[2], [0], [1]]), i32([0, 1, 2])
     cu_lens, contents = i32([0, 2, 3, 5]), i32([1, 2, 3, 4, 5])
-    if fused:
-        ptrs = torch.tensor([dst.data_ptr()], dtype=torch.uint64, device=torch_device)
-        strides = torch.tensor([dst.stride(0)], dtype=torch.int64, device=torch_device)
-        staged_writes.apply_fused_writes(
-            torch_device, ptrs, strides, i32([0, 0, 0]), rows, starts, cu_lens, contents
-        )
-    else:
-        staged_writes.apply_writes(dst, rows, starts, cu_lens, contents)
+    _launch(dst, fused, rows, starts, cu_lens, contents)
     assert dst.cpu().tolist() == [[0, 3, 0, 0], [0, 0, 4, 5], [1, 2, 0, 0]]
 
 
@@ -88,14 +88,7 @@ def test_the_apply_counts_its_elements_along_the_first_dimension_of_contents(tor
     dst = torch.zeros((2, 4), dtype=torch.int32, device=torch_device)
     rows, starts, cu_lens = i32([1, 0]), i32([0, 1]), i32([0, 2, 5])
     contents = i32([[1], [2], [3], [4], [5]])
-    if fused:
-        ptrs = torch.tensor([dst.data_ptr()], dtype=torch.uint64, device=torch_device)
-        strides = torch.tensor([dst.stride(0)], dtype=torch.int64, device=torch_device)
-        staged_writes.apply_fused_writes(
-            torch_device, ptrs, strides, i32([0, 0]), rows, starts, cu_lens, contents
-        )
-    else:
-        staged_writes.apply_writes(dst, rows, starts, cu_lens, contents)
+    _launch(dst, fused, rows, starts, cu_lens, contents)
     assert dst.cpu().tolist() == [[0, 3, 4, 5], [1, 2, 0, 0]]
 
 
