@@ -19,6 +19,25 @@ from .preset_spec import GroupSpec, Preset
 _BELOW_2_31 = 2**31 - 2**21
 """Tables of 1,023 virtual blocks of 2**21 positions (2,046 of 2**20 unsharded)."""
 
+_FAR_TRAFFIC = dict(
+    cp_size=2,
+    cp_interleave=8,
+    num_steps=12,
+    max_num_reqs=4,
+    max_num_batched_tokens=128,
+    max_batch_reqs=4,
+    max_prefill_chunk=48,
+    max_prompt_len=96,
+    max_decode_len=16,
+    spec_tokens=2,
+    prefix_prob=0.5,  # every prefix-cached request starts far out
+)
+"""The traffic of the presets whose prefix-cached requests start far out (`far_start`)."""
+
+_FAR_CORNERS = _DUMMY_IN_TABLE | (COMMON - {"prefix_cached_start"})
+"""Their common corners: every prefix-cached request starts far out, its prefix unseeded,
+so none is seeded."""
+
 SPAN_PRESETS: tuple[Preset, ...] = (
     Preset(
         name="cp8-span-2-31",
@@ -68,22 +87,10 @@ SPAN_PRESETS: tuple[Preset, ...] = (
         "exactly two groups, the commonest hybrid model and the fused apply's fewest tables",
         # No kernel blocks (SPEC.md 8.1), so that implementations without them run it too.
         groups=(GroupSpec(2**20), GroupSpec(2**21)),
-        cp_size=2,
-        cp_interleave=8,
-        num_steps=12,
-        max_num_reqs=4,
-        max_num_batched_tokens=128,
         max_model_len=2**31 + 256,
-        max_batch_reqs=4,
-        max_prefill_chunk=48,
-        max_prompt_len=96,
-        max_decode_len=16,
-        spec_tokens=2,
-        prefix_prob=0.5,  # every prefix-cached request starts far out
         far_start=2**31,
-        # Every prefix-cached request starts far out, its prefix unseeded: none is seeded.
-        corners=_DUMMY_IN_TABLE
-        | (COMMON - {"prefix_cached_start"})
+        **_FAR_TRAFFIC,
+        corners=_FAR_CORNERS
         | {
             "position_past_2_31",
             "past_2_31_by_cp",
@@ -103,21 +110,10 @@ SPAN_PRESETS: tuple[Preset, ...] = (
         "the slot mapping's int32 path; a sharded and an unsharded group of blocks of 2**20 "
         "tokens; short requests from 0 beside them",
         groups=(GroupSpec(2**20), GroupSpec(2**20, sharded=False)),
-        cp_size=2,
-        cp_interleave=8,
-        num_steps=12,
-        max_num_reqs=4,
-        max_num_batched_tokens=128,
         max_model_len=_BELOW_2_31,
-        max_batch_reqs=4,
-        max_prefill_chunk=48,
-        max_prompt_len=96,
-        max_decode_len=16,
-        spec_tokens=2,
-        prefix_prob=0.5,  # every prefix-cached request starts far out
         far_start=_BELOW_2_31 - 256,
-        corners=_DUMMY_IN_TABLE
-        | (COMMON - {"prefix_cached_start"})
+        **_FAR_TRAFFIC,
+        corners=_FAR_CORNERS
         | {
             "past_2_30_int32",
             "two_groups",
