@@ -151,7 +151,7 @@ def map_slots(
     real = (b < num_reqs) & (t < num_positions)
     r = tl.load(idx_mapping + b, mask=real, other=-1).to(tl.int64)
     p, in_range = token_positions(t, real, r, positions, max_num_reqs, POS32)
-    for g in tl.static_range(NUM_GROUPS):
+    for g in range(NUM_GROUPS):
         slot = group_slots(
             g, p, r, in_range, table_ptrs, group_params, cp_rank, cp_interleave,
             interleave_shift, POW2, PAD_ID,
@@ -238,7 +238,7 @@ def map_request_slots(
         else:
             t = t0 + tl.arange(0, TILE)  # [TILE]
             pad = (t >= num_tokens) & (t < out_len)
-            for g in tl.static_range(NUM_GROUPS):
+            for g in range(NUM_GROUPS):
                 tl.store(out + g * out_stride + t, tl.full([TILE], PAD_ID, tl.int64), mask=pad)
 
 
