@@ -7,7 +7,8 @@ import ctypes
 import pytest
 import torch
 
-from cp_blocktables import BlockTables, UvaBackedTensor, UvaBufferPool, guards
+from cp_blocktables import BlockTables, BlockTablesConfig, UvaBackedTensor, UvaBufferPool, guards
+from cp_blocktables.reference import ReferenceBlockTables
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -97,9 +98,6 @@ def test_a_buffer_is_never_reused_while_the_device_may_read_it(max_concurrency, 
 
 def test_slot_mappings_replay_from_a_cuda_graph():
     """On CUDA the call is capturable: a replay after new positions gives their slots."""
-    from cp_blocktables import BlockTablesConfig
-    from cp_blocktables.reference import ReferenceBlockTables
-
     kwargs = dict(
         block_sizes=[16, 32],
         max_num_reqs=4,
@@ -126,6 +124,46 @@ def test_slot_mappings_replay_from_a_cuda_graph():
     torch.cuda.synchronize()
     expected = ref.slot_mappings([2], [0, 8], list(range(40, 48)), 64)
     assert bt.slot_mappings.cpu().tolist() == expected.tolist()
+
+
+def _gpu_gib() -> float:
+    return (
+        torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 0
+    )
+
+
+@pytest.mark.skipif(_gpu_gib() < 40, reason="needs 40 GiB of GPU memory")
+def test_a_step_of_2_30_tokens_maps_its_last_tile_to_its_own_entries():
+    """The token cap, 2**30 (docs/contract-notes.md), is inclusive. At the cap the tile
+    layout's searches for a tile's first and last entry run within one tile of int32's
+    top: the last tile must still give each token its own entry's slot, and PAD past the
+    batch. Two requests end in the last tile; the step is far too large for the
+    interpreter, so only a GPU reaches it."""
+    n = 2**30
+    kwargs = dict(
+        block_sizes=[16], max_num_reqs=2, max_num_batched_tokens=n, max_num_blocks_per_group=[4]
+    )
+    bt = BlockTables(device=torch.device("cuda"), **kwargs)
+    ref = ReferenceBlockTables(BlockTablesConfig(**kwargs))
+    for t in (bt, ref):
+        t.append_block_ids(0, ([3, 4, 5, 6],), True)
+        t.append_block_ids(1, ([7, 8, 9, 10],), True)
+    bt.apply_staged_writes()
+    qsl = [0, n - 100, n - 50]
+    on = dict(device="cuda", dtype=torch.int32)
+    positions = torch.arange(n, device="cuda").remainder_(64)  # [n], every row's 64 positions
+    slots = bt.compute_slot_mappings(
+        torch.tensor([0, 1], **on), torch.tensor(qsl, **on), positions, n
+    )  # [1, n]
+    tail = 512  # the last tile on a GPU: entry 0's last 412 tokens, entry 1, 50 past the batch
+    expected_tail = ref.slot_mappings(
+        [0, 1], [0, tail - 100, tail - 50], positions[-tail:].cpu(), tail
+    )
+    assert slots[0, -tail:].cpu().tolist() == expected_tail[0].tolist()
+    # Before the tail every token is entry 0's: its slot is the reference's for its position.
+    by_position = torch.from_numpy(ref.slot_mappings([0], [0, 64], list(range(64)), 64)[0])
+    head = slots[0, : n - tail]
+    assert torch.equal(head, by_position.cuda()[positions[: n - tail]])
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
