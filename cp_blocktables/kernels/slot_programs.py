@@ -151,6 +151,7 @@ def map_slots(
     real = (b < num_reqs) & (t < num_positions)
     r = tl.load(idx_mapping + b, mask=real, other=-1).to(tl.int64)
     p, in_range = token_positions(t, real, r, positions, max_num_reqs, POS32)
+    # A run-time loop: unrolled, a model of hundreds of groups compiles for minutes.
     for g in range(NUM_GROUPS):
         slot = group_slots(
             g, p, r, in_range, table_ptrs, group_params, cp_rank, cp_interleave,
