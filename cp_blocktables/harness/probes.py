@@ -247,8 +247,9 @@ def probe_far_positions(
     preset is scaled by one power of two into `[2**58, 2**59)`, each row 0
     holds blocks `1, 2, ...` up to the one of position `_FAR_POSITION` (at
     most nine, so every slot stays below 2**63), and row 0 maps positions 5
-    and `_FAR_POSITION`. The call must only not raise (the workload's checks
-    compare slots).
+    and `_FAR_POSITION`. No workload reaches such a position, so its slots are
+    compared with the reference's, behind control tokens at its offset in the
+    first two columns (`_maps_as_reference`).
     """
     block_sizes = args[0]
     if not block_sizes or args[1] < 1 or args[2] < 2:
@@ -257,23 +258,32 @@ def probe_far_positions(
     rules = probe_reference([far, *args[1:]], kw, cp_rank).rules
     needed = [_FAR_POSITION // (b * c) + 1 for b, c in zip(far, rules.group_cp)]
     device = args[4]
+    ids = tuple(list(range(1, n + 1)) for n in needed)
+    ref = probe_reference([far, args[1], args[2], needed, device], kw, cp_rank)
+    ref.append_block_ids(0, ids, True)
+    spans = [b * c for b, c in zip(far, rules.group_cp)]  # each group's virtual block
+    near = {_FAR_POSITION % v + k * v for v in spans for k in (0, 1)}  # its offset, columns 0, 1
+    controls = sorted(p for p in near if p < _FAR_POSITION)[: args[2] - 1]
+    tokens = [*controls, _FAR_POSITION]  # [n]: the controls, then the far one
+    n = len(tokens)
+    want = ref.slot_mappings([0], [0, n], tokens, n)  # [groups, n]
 
-    def call() -> None:
+    def call() -> torch.Tensor:
         impl = factory(far, args[1], args[2], needed, device, **kw)
-        impl.append_block_ids(0, tuple(list(range(1, n + 1)) for n in needed), True)
+        impl.append_block_ids(0, ids, True)
         impl.apply_staged_writes()
-        positions = i64([5, _FAR_POSITION], device)
-        impl.compute_slot_mappings(i32([0], device), i32([0, 2], device), positions, 2)
+        positions = i64(tokens, device)
+        return impl.compute_slot_mappings(i32([0], device), i32([0, n], device), positions, n)
 
     what = (
-        f"slot mapping of position {_FAR_POSITION} (2**61 + 5) in tables of block sizes {far} "
-        "(legal: positions are bounded below 2**62)"
+        f"slot mapping of positions {tokens[:-1]} and {_FAR_POSITION} (2**61 + 5) in tables of "
+        f"block sizes {far} (legal: positions are bounded below 2**62)"
     )
-    return _legal_call(what, "it maps", call, cp_rank)
+    return _maps_as_reference(what, call, want.tolist(), cp_rank, controls=n - 1)
 
 
 def _legal_call(
-    what: str, expected: str, call: Callable[[], None], cp_rank: int
+    what: str, expected: str, call: Callable[[], object], cp_rank: int
 ) -> list[Violation]:
     """A legal `call` must not raise: whatever it raises is the finding (check 9)."""
     try:
@@ -282,6 +292,38 @@ def _legal_call(
         actual = f"{type(e).__name__}: {e}"[:300]
         return [Violation(CONSTRUCTION, what, -1, rank=cp_rank, expected=expected, actual=actual)]
     return []
+
+
+def _maps_as_reference(
+    what: str,
+    call: Callable[[], torch.Tensor],
+    want: list[list[int]],
+    cp_rank: int,
+    controls: int,
+) -> list[Violation]:
+    """A legal slot mapping must not raise and must return the reference's slots `want`
+    (`[groups, n]`; check 9, as the probe that made the call).
+
+    Its first `controls` tokens share the far token's offset in a virtual block
+    but lie in columns 0 and 1, where the workload maps too. Slots wrong there
+    are wrong everywhere, and a finding here would stop the preset before the
+    workload's checks 1 to 5 name the defect: so the tokens after them are
+    judged only where the controls map as the reference's."""
+    got: list = []
+    expected = f"slots {want}"
+    found = _legal_call(what, expected, lambda: got.append(call()), cp_rank)
+    if found:
+        return found
+    try:
+        actual = got[0].tolist()
+        controls_agree = [r[:controls] for r in actual] == [r[:controls] for r in want]
+    except Exception:  # noqa: BLE001 - no tensor of slots: the workload's checks name it
+        return []
+    if actual == want or not controls_agree:
+        return []
+    return [
+        Violation(CONSTRUCTION, what, -1, rank=cp_rank, expected=expected, actual=f"slots {actual}")
+    ]
 
 
 def probe_disabled_group_positions(

@@ -29,6 +29,7 @@ from tests.wrong_impls.catalogue_contract import (
     OursOutListByIdentity,
     OursPositionsBelow2To61,
     OursPositionsCheckedOnDisabledGroups,
+    OursPositionsPadPast2To61,
     RankWrapped,
 )
 from tests.wrong_impls.stand_in import StandInBlockTables
@@ -178,7 +179,7 @@ def test_a_construction_that_grows_with_the_block_size_is_check_9(preset):
     keeps a bit per offset runs out of memory."""
     found = _findings(OursOffsetBitsPerBlock, preset, ranks=[0])
     # The far-position probe's blocks of 2**58 tokens fail it too.
-    assert [(v.check, v.expected) for v in found] == [(9, "it builds and maps"), (9, "it maps")]
+    assert [(v.check, v.expected[:8]) for v in found] == [(9, "it build"), (9, "slots [[")]
     assert all(v.actual.startswith("MemoryError") and "legal" in v.what for v in found)
 
 
@@ -214,9 +215,36 @@ def test_a_position_past_2_61_must_map(preset):
     """Positions are bounded below 2**62; the sweep's far presets stop near 2**31, so only
     the probe tells a bound of 2**61 from the right one."""
     found = _findings(OursPositionsBelow2To61, preset, ranks=[0])
-    assert [(v.check, v.expected) for v in found] == [(9, "it maps")], found
+    assert [v.check for v in found] == [9], found
+    assert found[0].expected.startswith("slots [[")
     assert found[0].actual.startswith("ValueError: positions must be below 2**61")
     assert "2**61 + 5" in found[0].what
+
+
+def test_a_position_past_2_61_mapped_to_pad_is_check_9():
+    """A bound of 2**61 inside the kernel raises nothing: the position maps to PAD, and
+    only the slot compared with the reference's tells."""
+    found = _findings(OursPositionsPadPast2To61, "mutation", ranks=[0])
+    assert [v.check for v in found] == [9], found
+    assert found[0].expected != found[0].actual and found[0].actual.endswith(", -1]]")
+
+
+class _SlotsOffByOne(BlockTables):
+    """Maps every slot it owns one past the right one."""
+
+    def compute_slot_mappings(self, *args, **kwargs):
+        slots = super().compute_slot_mappings(*args, **kwargs)
+        return torch.where(slots >= 0, slots + 1, slots)
+
+
+@pytest.mark.parametrize("preset", ["mutation", "cp3-no-power-of-two", "kbs-cp4"])
+def test_slots_wrong_near_position_0_too_are_left_to_the_workload(preset):
+    """A finding here stops the preset before the workload runs: a defect that shows at
+    the far token's offset in the first columns as well is the workload's to name."""
+    p = presets.resolve([preset])[0]
+    args = probes.constructor_args(p.config(0), torch.device("cpu"))
+    kwargs = constructor_kwargs(p, 0, inspect_factory(BlockTables))
+    assert probes.probe_far_positions(_SlotsOffByOne, args, kwargs, 0) == []
 
 
 @pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])

@@ -30,6 +30,7 @@ from .catalogue_contract import (
     OursOutListByIdentity,
     OursPositionsBelow2To61,
     OursPositionsCheckedOnDisabledGroups,
+    OursPositionsPadPast2To61,
     OursSpanByPower,
     RankWrapped,
 )
@@ -175,6 +176,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_unit_block_masked_unwindowed": _entry(OursUnitBlockMaskedUnwindowed, 6),
     "ours_int32_path_below_2_30": _entry(OursInt32PathBelow2To30, 1),
     "ours_powers_of_two_by_all_ones": _entry(OursPowersOfTwoByAllOnes, 1),
+    "ours_positions_pad_past_2_61": _entry(OursPositionsPadPast2To61, 9),
 }
 """name -> (`--impl` spec, the check that must report it)."""
 
@@ -251,6 +253,7 @@ CAUGHT_BY: dict[str, str] = {
     "ours_unit_block_masked_unwindowed": "groups-6",
     "ours_int32_path_below_2_30": "cp2-below-2-31",
     "ours_powers_of_two_by_all_ones": "cp3-all-ones",
+    "ours_positions_pad_past_2_61": "cp1-window",
 }
 """name -> the preset of the default sweep that catches it first, in the sweep's order.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from cp_blocktables import BlockTables, integrity
+from cp_blocktables import PAD_SLOT_ID, BlockTables, integrity
 
 from .stand_in import STAND_IN_SIGNATURE, StandInBlockTables
 
@@ -130,6 +130,20 @@ class OursPositionsBelow2To61(BlockTables):
         return super().compute_slot_mappings(
             idx_mapping, query_start_loc, positions, *args, **kwargs
         )
+
+
+class OursPositionsPadPast2To61(BlockTables):
+    """Takes positions from 2**61 on as outside every table: they map to PAD_SLOT_ID
+    without an error, where the contract's bound is 2**62 and the slot is due."""
+
+    def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, *args, **kwargs):
+        slots = super().compute_slot_mappings(
+            idx_mapping, query_start_loc, positions, *args, **kwargs
+        )
+        n = int(query_start_loc[-1])
+        far = (positions[:n] >= 2**61).nonzero().flatten()
+        slots[:, far] = PAD_SLOT_ID
+        return slots
 
 
 class OursOutListByIdentity(BlockTables):
