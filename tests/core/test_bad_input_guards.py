@@ -709,6 +709,30 @@ def test_one_row_outputs_are_accepted_whatever_their_row_stride(torch_device):
 
 
 @pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(
+            lambda w, d: torch.zeros((1, w), dtype=torch.int32, device=d).expand(0, w),
+            id="expanded",
+        ),
+        pytest.param(
+            lambda w, d: torch.empty_strided((0, w), (1, 1), dtype=torch.int32, device=d),
+            id="row-stride-1",
+        ),
+    ],
+)
+def test_zero_row_outputs_are_accepted_whatever_their_row_stride(torch_device, make):
+    """No rows, none to overlap: an empty batch gathers into a zero-row `out` whose row
+    stride is below its width (an expanded or strided empty view) without a refusal."""
+    bt = _bt_with_rows(torch_device)
+    out = [make(w, torch_device) for w in (8, 4)]
+    assert all(o.shape[0] == 0 and o.stride(0) < o.shape[1] for o in out)
+    idx = torch.zeros(0, dtype=torch.int32, device=torch_device)
+    got = bt.gather_block_tables(idx, 0, out=out)
+    assert [tuple(g.shape) for g in got] == [(0, 8), (0, 4)]
+
+
+@pytest.mark.parametrize(
     "which, make, match",
     [
         ("table", lambda t: t.to(torch.int64), r"block_tables\[0\].gpu must be an int32"),

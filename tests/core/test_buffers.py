@@ -37,6 +37,7 @@ def test_pool_rotates_through_every_buffer(torch_device, max_concurrency):
     [
         pytest.param((2, 3), 5, (8, 3), id="rows-past-every-dimension"),
         pytest.param((2, 4), 3, (4, 4), id="rows-past-the-first-dimension-only"),
+        pytest.param((2, 3), 4, (4, 3), id="rows-a-power-of-two-grow-to-itself"),
     ],
 )
 def test_pool_grows_to_next_power_of_two(torch_device, size, rows, grown):

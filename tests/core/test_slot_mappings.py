@@ -783,6 +783,24 @@ def test_each_back_end_launches_its_own_constants():
 
 
 @pytest.mark.parametrize(
+    ("n", "power"),
+    [
+        pytest.param(0, 1, id="0-gives-1"),
+        pytest.param(1, 1, id="1-itself"),
+        pytest.param(2, 2, id="2-itself"),
+        pytest.param(3, 4, id="3-gives-4"),
+        pytest.param(16, 16, id="16-itself"),
+        pytest.param(17, 32, id="17-gives-32"),
+    ],
+)
+def test_next_power_of_2_is_the_smallest_power_of_two_at_least_n(n, power):
+    """Tile, gather and pool sizes take the smallest power of two >= n: a power of two is
+    itself, not twice itself (a larger one is still correct, only bigger)."""
+    assert _common.next_power_of_2(n) == power
+    assert _common.host_tile(n) == min(power, _common.HOST_TILE)
+
+
+@pytest.mark.parametrize(
     ("text", "tile"),
     [
         pytest.param(None, 65536, id="unset-65536"),
