@@ -14,9 +14,9 @@ Four more must succeed: a legal config whose blocks are far larger than any
 preset's (SPEC.md bounds only the slots) must build and map, so must a
 position past the table of a group without slot mapping (SPEC.md 3: that
 group's slots are all `PAD_SLOT_ID`, whatever the position) and a position
-past 2**61 (docs/contract-notes.md bounds positions below 2**62), and a
-model of 257 groups must build, apply, gather and map (SPEC.md 1: 0..N
-groups).
+past 2**61 (docs/contract-notes.md bounds positions below 2**62; its slot is
+compared with the reference's), and a model of 257 groups must build,
+apply, gather and map (SPEC.md 1: 0..N groups).
 
 An implementation that skips a rule computes every legal step right, so only
 a probe can tell. Each probe starts from the preset's own valid constructor
@@ -246,10 +246,10 @@ def probe_far_positions(
     presets stop near 2**31. Every block size (and kernel block size) of the
     preset is scaled by one power of two into `[2**58, 2**59)`, each row 0
     holds blocks `1, 2, ...` up to the one of position `_FAR_POSITION` (at
-    most nine, so every slot stays below 2**63), and row 0 maps positions 5
-    and `_FAR_POSITION`. No workload reaches such a position, so its slots are
-    compared with the reference's, behind control tokens at its offset in the
-    first two columns (`_maps_as_reference`).
+    most nine, so every slot stays below 2**63), and row 0 maps `_FAR_POSITION`
+    after control tokens at its offset in each group's first two columns. No
+    workload reaches such a position, so its slots are compared with the
+    reference's wherever the controls map right (`_maps_as_reference`).
     """
     block_sizes = args[0]
     if not block_sizes or args[1] < 1 or args[2] < 2:

@@ -238,7 +238,7 @@ class _SlotsOffByOne(BlockTables):
 
 
 @pytest.mark.parametrize("preset", ["mutation", "cp3-no-power-of-two", "kbs-cp4"])
-def test_slots_wrong_near_position_0_too_are_left_to_the_workload(preset):
+def test_slots_wrong_in_the_first_columns_too_are_left_to_the_workload(preset):
     """A finding here stops the preset before the workload runs: a defect that shows at
     the far token's offset in the first columns as well is the workload's to name."""
     p = presets.resolve([preset])[0]
