@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cp_blocktables import BlockTables, integrity
-from cp_blocktables.harness import presets, probes
+from cp_blocktables.harness import legal_probes, presets, probes
 from cp_blocktables.harness.features import constructor_kwargs, inspect_factory
 from tests.impls.pure_python import BlockTables as PurePython
 from tests.wrong_impls.catalogue_contract import (
@@ -207,7 +207,7 @@ def test_the_257_group_reads_run_on_the_first_cp_group_alone():
     p = presets.resolve(["groups-6"])[0]
     args = probes.constructor_args(p.config(0), torch.device("cpu"))
     kwargs = constructor_kwargs(p, 0, inspect_factory(OursOutListByIdentity))
-    assert probes.probe_many_groups(OursOutListByIdentity, args, kwargs, 0, reads=False) == []
+    assert legal_probes.probe_many_groups(OursOutListByIdentity, args, kwargs, 0, reads=False) == []
 
 
 @pytest.mark.parametrize("preset", ["mutation", "cp3-no-power-of-two", "kbs-cp4", "groups-1"])
@@ -244,7 +244,7 @@ def test_slots_wrong_in_the_first_columns_too_are_left_to_the_workload(preset):
     p = presets.resolve([preset])[0]
     args = probes.constructor_args(p.config(0), torch.device("cpu"))
     kwargs = constructor_kwargs(p, 0, inspect_factory(BlockTables))
-    assert probes.probe_far_positions(_SlotsOffByOne, args, kwargs, 0) == []
+    assert legal_probes.probe_far_positions(_SlotsOffByOne, args, kwargs, 0) == []
 
 
 @pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])
