@@ -98,12 +98,12 @@ def probe_far_positions(
         return []
     far, kw = _scaled_blocks(block_sizes, kwargs, _FAR_BITS)
     rules = probe_reference([far, *args[1:]], kw, cp_rank).rules
-    needed = [_FAR_POSITION // (b * c) + 1 for b, c in zip(far, rules.group_cp)]
+    spans = [b * c for b, c in zip(far, rules.group_cp)]  # each group's virtual block
+    needed = [_FAR_POSITION // v + 1 for v in spans]
     device = args[4]
     ids = tuple(list(range(1, n + 1)) for n in needed)
     ref = probe_reference([far, args[1], args[2], needed, device], kw, cp_rank)
     ref.append_block_ids(0, ids, True)
-    spans = [b * c for b, c in zip(far, rules.group_cp)]  # each group's virtual block
     near = {_FAR_POSITION % v + k * v for v in spans for k in (0, 1)}  # its offset, columns 0, 1
     controls = sorted(p for p in near if p < _FAR_POSITION)[: args[2] - 1]
     tokens = [*controls, _FAR_POSITION]  # [n]: the controls, then the far one
