@@ -240,6 +240,25 @@ def test_tokens_past_num_tokens_are_not_checked(torch_device):
 
 
 @pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param([80, 81, 80, PAD_SLOT_ID], id="shared-slot-past-the-view"),
+        pytest.param([80, 81, -5, PAD_SLOT_ID], id="negative-slot-past-the-view"),
+    ],
+)
+def test_only_the_returned_view_is_checked(torch_device, row):
+    """`limit` is the returned view's width (`num_tokens_padded`): a batch said to be shorter
+    than it is (refused when inputs are validated) has its tokens past the view unchecked,
+    though they are in the batch; with no limit the whole buffer is the view."""
+    s = ints([row], torch_device, torch.int64)
+    qsl = ints([0, 3], torch_device)  # token 2 is in the batch, past a view of 2 columns
+    idx = ints([0], torch_device)
+    assert int(integrity.count_slot_mapping_faults(s, qsl, [16], 2)) == 0
+    assert integrity.explain_slot_mapping_faults(s, qsl, idx, None, [16], 2) == ""
+    assert int(integrity.count_slot_mapping_faults(s, qsl, [16])) == 1
+
+
+@pytest.mark.parametrize(
     "ids, overwrite, published, truth",
     [
         pytest.param(([6], []), False, 2, 3, id="grown-by-an-append"),
