@@ -287,3 +287,32 @@ def test_a_replaced_gpu_tensor_of_fewer_dimensions_is_refused(
         _apply([t], fused)
     assert not t.gpu.any()
     assert t._staged_write_cu_lens == [len(write[2])]
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
+@pytest.mark.parametrize(
+    "shape, view, write",
+    [
+        pytest.param((3,), lambda t: t.gpu.view(3, 1), (2, 0, [9]), id="1d-as-one-column"),
+        pytest.param(
+            (3, 4), lambda t: t.gpu.view(3, 4, 1), (2, 1, [5, 6, 7]), id="2d-with-a-trailing-1"
+        ),
+        pytest.param(
+            (3, 4), lambda t: t.gpu.view(3, 2, 2), (2, 1, [5, 6, 7]), id="2d-rows-split-in-two"
+        ),
+    ],
+)
+def test_a_replaced_gpu_tensor_of_more_dimensions_is_refused(
+    torch_device, fused, shape, view, write
+):
+    """The converse of the test before: a `.gpu` of more dimensions than it was built with is
+    refused too, even where its rows are contiguous and hold every write (a 1-D tensor as one
+    column, a 2-D one with a trailing dimension of 1 or its rows split in two): `ValueError`,
+    every write still staged and nothing written."""
+    t = StagedWriteTensor(shape, torch.int32, torch_device)
+    t.gpu = view(t)
+    t.stage_write(*write)
+    with pytest.raises(ValueError, match="smaller than"):
+        _apply([t], fused)
+    assert not t.gpu.any()
+    assert t._staged_write_cu_lens == [len(write[2])]

@@ -262,6 +262,32 @@ def test_a_row_past_max_num_reqs_loads_nothing_from_past_the_table(torch_device)
 
 
 @pytest.mark.parametrize(
+    "row",
+    [
+        pytest.param(3, id="one-past-max-num-reqs"),
+        pytest.param(4, id="two-past-max-num-reqs"),
+    ],
+)
+def test_rows_further_past_max_num_reqs_load_nothing_from_past_the_table(torch_device, row):
+    """As above, for rows beyond `max_num_reqs = 2` rather than at it: a mask that only
+    excludes the row equal to `max_num_reqs` (`r != max_num_reqs`) would load row 3 or 4
+    of a source table that holds them, and copy its entries into the batch row that must
+    be zero."""
+    d = torch_device
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=d)  # noqa: E731
+    i64 = lambda v: torch.tensor(v, dtype=torch.int64, device=d)  # noqa: E731
+    ptrs = lambda ts: torch.tensor([t.data_ptr() for t in ts], dtype=torch.uint64, device=d)  # noqa: E731
+    src = i32([[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12], [13, 14, 15]])
+    dst = torch.full((2, 3), 55, dtype=torch.int32, device=d)
+    num_blocks = i32([[3, 3, 3, 3, 3]])
+    gather.gather_block_tables(
+        i32([1, row]), 2, 2, ptrs([src]), i64([3]), ptrs([dst]), i64([3]), i32([3]), 3,
+        num_blocks, i64([4]), i64([0]), None,
+    )  # fmt: skip
+    np.testing.assert_array_equal(dst.cpu().numpy(), [[4, 5, 6], [0, 0, 0]])
+
+
+@pytest.mark.parametrize(
     ("computed", "first_live"),
     [
         pytest.param(20, 2, id="window-edge-on-block-edge"),
