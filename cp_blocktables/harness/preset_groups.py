@@ -87,6 +87,7 @@ GROUP_PRESETS: tuple[Preset, ...] = (
         max_prompt_len=500,
         max_decode_len=20,
         spec_tokens=1,
+        probe_buffer_lengths=(1000, 4001),
         corners=frozenset(
             {
                 "one_group",

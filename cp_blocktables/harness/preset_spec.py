@@ -135,6 +135,11 @@ class Preset:
     not seeded into the simulated KV caches and check 5 reads back only the
     positions from its start on, so a request past position 2**31 costs its
     new tokens, not 2**31 cache entries.
+
+    `probe_buffer_lengths`: values of `max_num_batched_tokens` at which the
+    first CP group's ranks map one short step beside the workload
+    (`legal_probes.probe_buffer_lengths`, check 9): lengths no preset's buffer
+    has, each probed in under a second.
     """
 
     name: str
@@ -168,6 +173,7 @@ class Preset:
     fused_read_prob: float = 0.25
     integrity_checks: bool = False
     far_start: int = 0
+    probe_buffer_lengths: tuple[int, ...] = ()
     corners: frozenset[str] = frozenset()
 
     def with_overrides(self, cp_size: int | None = None, num_steps: int | None = None) -> Preset:

@@ -34,6 +34,7 @@ from .features import Accepts
 from .integrity_probes import names_number, probe_integrity
 from .legal_probes import (
     PER_GROUP_DEFAULTS,
+    probe_buffer_lengths,
     probe_disabled_group_positions,
     probe_far_positions,
     probe_huge_blocks,
@@ -117,12 +118,14 @@ def run_probes(
     cp_rank: int,
     fused: bool,
     first_cp_group: bool = True,
+    buffer_lengths: tuple[int, ...] = (),
 ) -> list[Violation]:
     """Every probe for one rank; `cfg` and `kwargs` built its workload instance.
 
     `first_cp_group`: this rank belongs to the first CP group running the
     preset; the probes that cost seconds run there alone (the other groups
-    build the same config)."""
+    build the same config). `buffer_lengths`: the preset's
+    `probe_buffer_lengths`."""
     args = constructor_args(cfg, device)
     found = probe_construction(factory, args, kwargs, accepts, cp_rank)
     found += probe_huge_blocks(factory, args, kwargs, cp_rank)
@@ -133,6 +136,8 @@ def run_probes(
         found += probe_many_groups(factory, args, kwargs, cp_rank, reads=first_cp_group)
         if first_cp_group:
             found += probe_many_rows(factory, args, kwargs, cp_rank)
+    if first_cp_group and buffer_lengths:
+        found += probe_buffer_lengths(factory, args, kwargs, cp_rank, buffer_lengths)
     if kwargs.get("integrity_checks"):
         found += probe_integrity(factory, args, kwargs, cp_rank, fused)
     return found

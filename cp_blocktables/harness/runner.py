@@ -136,6 +136,7 @@ class _PresetRun:
         found += probes.run_probes(
             self.impl_cls, cfg, self.comm.device, kwargs, self.accepts, self.cp_rank,
             fused=not missing, first_cp_group=self.cp_index == 0,
+            buffer_lengths=self.preset.probe_buffer_lengths,
         )  # fmt: skip
         if self.cp_index == 0:  # every CP rank of the preset's config; the other groups repeat it
             woke, skipped = wake_probe.probe_wake_up(

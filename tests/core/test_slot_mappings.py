@@ -730,6 +730,39 @@ def test_cpu_maps_by_request_only_where_its_programs_are_few(on_host, num_groups
 
 
 @pytest.mark.parametrize(
+    "out_len",
+    [
+        pytest.param(1000, id="1000-tokens-32-steps"),
+        pytest.param(2016, id="2016-tokens-63-steps"),
+        pytest.param(4000, id="4000-tokens-125-steps"),
+    ],
+)
+def test_a_request_program_reaches_every_token_of_a_buffer_of_many_steps(monkeypatch, out_len):
+    """A CPU buffer of 1,000 to 4,000 tokens: a request program takes `cdiv(out_len, 32)`
+    32-token steps, and the tail's tile (the default, the whole buffer) starts at token 0,
+    below the reach. A legal step of two 40-token requests, mapped by request, gets every
+    slot from its request programs, past the first step too. `HOST_TILE` is the default
+    whatever `CPBT_HOST_TILE` says: 16-token tails would map the tokens anyway."""
+    monkeypatch.setattr(_common, "HOST_TILE", 65536)
+    monkeypatch.setattr(slot_mappings, "_SLOT_LAUNCHES", {})  # launch constants bind tiles
+    config = _config(
+        block_sizes=[16], max_num_blocks_per_group=[64], max_num_batched_tokens=out_len
+    )
+    requests = [(4, 7, 40), (1, 300, 40)]
+    bt, ref = _build(torch.device("cpu"), config, requests, 1)
+    idx, qsl, pos = _batch(requests, 1)
+    plan = bt._slot_plan.pick.__self__
+    assert plan.request_meta["REQ_TILES"] == -(-out_len // 32)
+    assert plan.request_meta["TILE"] == _common.next_power_of_2(out_len)
+    assert bt._slot_plan.layout(len(idx), 80) == "request"
+    bt.slot_mappings.fill_(GARBAGE)
+    t = torch.from_numpy
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 80)
+    expected = ref.slot_mappings(idx, qsl, pos, out_len)
+    np.testing.assert_array_equal(bt.slot_mappings.numpy(), expected)
+
+
+@pytest.mark.parametrize(
     ("padded", "request_layout"),
     [
         pytest.param(4 * slot_mappings.SHORT_REQUEST_TOKENS, True, id="at-the-switch"),

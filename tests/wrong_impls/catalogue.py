@@ -46,6 +46,7 @@ from .catalogue_ours import (
     OursNullBlockRefused,
     OursPowersOfTwoByAllOnes,
     OursRowsByWidth,
+    OursShortStepsCutInMidBuffers,
     OursTwoGroupsUnfused,
     OursUnitBlockMaskedUnwindowed,
 )
@@ -177,6 +178,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_int32_path_below_2_30": _entry(OursInt32PathBelow2To30, 1),
     "ours_powers_of_two_by_all_ones": _entry(OursPowersOfTwoByAllOnes, 1),
     "ours_positions_pad_past_2_61": _entry(OursPositionsPadPast2To61, 9),
+    "ours_short_steps_cut_in_mid_buffers": _entry(OursShortStepsCutInMidBuffers, 9),
 }
 """name -> (`--impl` spec, the check that must report it)."""
 
@@ -254,6 +256,7 @@ CAUGHT_BY: dict[str, str] = {
     "ours_int32_path_below_2_30": "cp2-below-2-31",
     "ours_powers_of_two_by_all_ones": "cp3-all-ones",
     "ours_positions_pad_past_2_61": "cp1-window",
+    "ours_short_steps_cut_in_mid_buffers": "groups-1",
 }
 """name -> the preset of the default sweep that catches it first, in the sweep's order.
 

@@ -49,6 +49,25 @@ class OursInt32PathBelow2To30(BlockTables):
         return slots
 
 
+class OursShortStepsCutInMidBuffers(BlockTables):
+    """Maps only the first 32 tokens of a step of at most eight requests of up to 64
+    tokens each when the token buffer's 32-token steps up to 8,192 have bit 5 set
+    (993 to 2,016 tokens, 3,041 to 4,064, ...), as a request-parallel kernel whose reach
+    is `32 & steps` for `32 * steps` would: the rest keep PAD."""
+
+    def compute_slot_mappings(
+        self, idx_mapping, query_start_loc, positions, num_tokens_padded, out=None
+    ):
+        slots = super().compute_slot_mappings(
+            idx_mapping, query_start_loc, positions, num_tokens_padded, out
+        )
+        steps = -(-min(self.max_num_batched_tokens, 8192) // 32)
+        num_reqs = idx_mapping.shape[0]
+        if steps & 32 and 0 < num_reqs <= 8 and num_tokens_padded <= 64 * num_reqs:
+            slots[:, 32 : int(query_start_loc[-1])] = PAD_SLOT_ID
+        return slots
+
+
 class OursNoWindowMask(BlockTables):
     """The project's BlockTables, called without num_computed_tokens: no window masking."""
 

@@ -1,0 +1,85 @@
+"""The buffer-length probe: a short step maps the reference's slots in buffers no preset has."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cp_blocktables import BlockTables
+from cp_blocktables.harness import legal_probes, presets, probes
+from cp_blocktables.harness.features import constructor_kwargs, inspect_factory
+from tests.impls.pure_python import BlockTables as PurePython
+from tests.wrong_impls.catalogue import OursShortStepsCutInMidBuffers
+from tests.wrong_impls.stand_in import StandInBlockTables
+
+LENGTHS = presets.resolve(["groups-1"])[0].probe_buffer_lengths
+
+
+def _probe(factory, preset_name: str, lengths=LENGTHS, rank: int = 0) -> list:
+    p = presets.resolve([preset_name])[0]
+    args = probes.constructor_args(p.config(rank), torch.device("cpu"))
+    kwargs = constructor_kwargs(p, rank, inspect_factory(factory))
+    return legal_probes.probe_buffer_lengths(factory, args, kwargs, rank, lengths)
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [
+        pytest.param(BlockTables, id="ours"),
+        pytest.param(PurePython, id="pure-python"),
+        pytest.param(StandInBlockTables, id="stand-in"),
+    ],
+)
+@pytest.mark.parametrize("preset", ["groups-1", "mutation", "kbs-cp4", "cp3-no-power-of-two"])
+def test_right_implementations_map_the_short_step_in_every_buffer(factory, preset):
+    assert _probe(factory, preset) == []
+
+
+def test_a_step_cut_short_in_a_mid_sized_buffer_is_check_9():
+    """The defect shows only where the buffer's 32-token steps have bit 5 set: the
+    preset's own 256 tokens map right, 1,000 and 4,001 do not."""
+    found = _probe(OursShortStepsCutInMidBuffers, "groups-1")
+    assert [v.check for v in found] == [9, 9], [v.describe() for v in found]
+    assert "max_num_batched_tokens 1000" in found[0].what
+    assert "max_num_batched_tokens 4001" in found[1].what
+    assert found[0].expected.startswith("slots [[") and found[0].actual != found[0].expected
+
+
+class _SlotsOffByOne(BlockTables):
+    """Maps every slot it owns one past the right one, in every buffer."""
+
+    def compute_slot_mappings(self, *args, **kwargs):
+        slots = super().compute_slot_mappings(*args, **kwargs)
+        return torch.where(slots >= 0, slots + 1, slots)
+
+
+def test_a_step_wrong_in_the_presets_own_buffer_is_left_to_the_workload():
+    """A finding here stops the preset before the workload runs: a defect that shows in
+    the preset's own buffer as well is the workload's to name."""
+    assert _probe(_SlotsOffByOne, "groups-1") == []
+
+
+class _RefusesOtherBuffers(BlockTables):
+    """Refuses any token buffer longer than 512."""
+
+    def __init__(self, block_sizes, max_num_reqs, max_num_batched_tokens, *args, **kwargs):
+        if max_num_batched_tokens > 512:
+            raise ValueError(f"max_num_batched_tokens {max_num_batched_tokens} too large")
+        super().__init__(block_sizes, max_num_reqs, max_num_batched_tokens, *args, **kwargs)
+
+
+def test_a_buffer_length_refused_is_the_finding():
+    found = _probe(_RefusesOtherBuffers, "groups-1", lengths=(1000,))
+    assert [v.check for v in found] == [9]
+    assert found[0].actual == "ValueError: max_num_batched_tokens 1000 too large"
+
+
+def test_only_the_first_cp_group_probes_the_presets_lengths():
+    p = presets.resolve(["groups-1"])[0]
+    accepts = inspect_factory(_RefusesOtherBuffers)
+    kwargs = constructor_kwargs(p, 0, accepts)
+    call = (_RefusesOtherBuffers, p.config(0), torch.device("cpu"), kwargs, accepts, 0, True)
+    first = probes.run_probes(*call, first_cp_group=True, buffer_lengths=(1000,))
+    assert [v.check for v in first] == [9] and "1000" in first[0].what
+    assert probes.run_probes(*call, first_cp_group=False, buffer_lengths=(1000,)) == []
+    assert probes.run_probes(*call, first_cp_group=True) == []
