@@ -385,6 +385,29 @@ def test_gather_refuses_out_ptrs_not_naming_out(torch_device, case):
     assert got[1][0, :2].tolist() == [5, 6]
 
 
+@pytest.mark.parametrize("group", [0, 1], ids=["first-group", "second-group"])
+@pytest.mark.parametrize("with_ptrs", [False, True], ids=["no-out-ptrs", "out-ptrs-naming-out"])
+def test_gather_refuses_an_out_with_overlapping_rows(torch_device, group, with_ptrs):
+    """A gather `out` whose rows overlap (expanded from one row) is refused for itself
+    (docs/bad-input.md), with or without an `out_ptrs` that names it correctly: nothing
+    else about the call is wrong, and no row of `out` or of the persistent tables is written."""
+    bt = _bt_with_rows(torch_device)
+    out = [torch.full((4, w), 9, dtype=torch.int32, device=torch_device) for w in (8, 4)]
+    base = torch.full((1, out[group].shape[1]), 9, dtype=torch.int32, device=torch_device)
+    out[group] = base.expand(4, -1)
+    ptrs = None
+    if with_ptrs:
+        ptrs = torch.tensor([t.data_ptr() for t in out], dtype=torch.uint64, device=torch_device)
+    persistent = [t.clone() for t in bt.input_block_tables]
+    idx = torch.tensor([2, 0], dtype=torch.int32, device=torch_device)
+    match = rf"out\[{group}\] has row stride 0 for {base.shape[1]} columns: its rows overlap"
+    with pytest.raises(ValueError, match=match):
+        bt.gather_block_tables(idx, 2, out=out, out_ptrs=ptrs)
+    assert int((base != 9).sum()) == 0
+    assert all(int((t != 9).sum()) == 0 for t in out)
+    assert all(torch.equal(a, b) for a, b in zip(persistent, bt.input_block_tables))
+
+
 def test_gather_refuses_an_out_list_of_the_wrong_length(torch_device):
     bt = _bt_with_rows(torch_device)
     idx = torch.tensor([2, 0], dtype=torch.int32, device=torch_device)
