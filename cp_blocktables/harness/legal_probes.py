@@ -5,9 +5,10 @@ its stride: blocks far larger than any preset's (SPEC.md bounds only the
 slots), a position past the table of a group without slot mapping (SPEC.md
 3: that group's slots are all `PAD_SLOT_ID`), a position past 2**61
 (docs/contract-notes.md bounds positions below 2**62), a model of 257
-groups (SPEC.md 1: 0..N groups), and a short step in token buffers of
-lengths no preset has. A call that raises is the finding (check 9); the far
-position's slots and the short step's are compared with the reference's too. `probes.run_probes`
+groups (SPEC.md 1: 0..N groups), a short step in token buffers of lengths
+no preset has, and one-token blocks whose tables pass 2**31 positions only
+through their CP factor. A call that raises is the finding (check 9); the
+slots of the last three are compared with the reference's too. `probes.run_probes`
 runs them beside the refusals.
 """
 
@@ -30,6 +31,7 @@ _MANY_GROUPS = 257  # one past the ints CPython shares: a length compared by ide
 _SHORT_REQUEST = 40  # the most tokens of each request of the buffer probe's step
 _SHORT_PAD = 8  # the padded tokens past that step's batch
 _SHORT_START = 3  # where the step's second request starts: inside its first block
+_UNIT_CP = 2**13  # the unit-block probe's CP size: one-token blocks pass 2**31 in 2**18 columns
 PER_GROUP_DEFAULTS = {  # the optional per-group lists of SPEC.md 3 and 8.1, and their default
     "slot_mapping_enabled": True,
     "dcp_sharded": True,
@@ -323,3 +325,52 @@ def probe_buffer_lengths(
         )
         found += _maps_as_reference(what, mapped(length), want, cp_rank, controls=0)
     return found
+
+
+def probe_unit_blocks_past_2_31(
+    factory: Callable, args: list, kwargs: dict, cp_rank: int
+) -> list[Violation]:
+    """Positions past 2**31 must map in a table of one-token blocks that spans them only
+    through its CP factor.
+
+    A kernel takes int32 or int64 positions from its widest table's span,
+    columns x block size x CP size. The sweep's tables that pass 2**31
+    through their CP factor hold blocks of 2**18 tokens or more, where a span
+    computed wrong (`bs ** cp` for `bs * cp`) still lands past 2**31; with
+    one-token blocks only the factor itself carries it there, and a 2**31-
+    column table costs gigabytes. So where the preset has a sharded group of
+    one-token kernel blocks under CP, this rank builds one such group of its
+    own under CP `_UNIT_CP` (interleave 1, as one-token blocks require):
+    `2**31 / _UNIT_CP + 4` columns holding blocks 1, 2, ..., and maps the
+    positions it owns in columns 0 to 3 (the controls) and in the four columns
+    past 2**31, compared with the reference wherever the controls map right.
+    """
+    if kwargs.get("cp_size", 1) < 2:
+        return []
+    kernel = kwargs.get("kernel_block_sizes") or args[0]
+    group_cp = probe_reference(args, kwargs, cp_rank).rules.group_cp
+    if not any(k == 1 and c > 1 for k, c in zip(kernel, group_cp)):
+        return []
+    width = 2**31 // _UNIT_CP + 4
+    device = args[4]
+    kw = {"cp_size": _UNIT_CP, "cp_rank": cp_rank, "cp_interleave": 1}
+    one = [[1], 1, 8, [width], device]
+    ids = (list(range(1, width + 1)),)
+    near = [cp_rank + j * _UNIT_CP for j in range(4)]
+    tokens = [*near, *(2**31 + p for p in near)]  # [8]: columns 0 to 3, then past 2**31
+    ref = probe_reference(one, kw, cp_rank)
+    ref.append_block_ids(0, ids, True)
+    want = ref.slot_mappings([0], [0, 8], tokens, 8)  # [1, 8]
+
+    def call() -> torch.Tensor:
+        impl = factory(*one, **kw)
+        impl.append_block_ids(0, ids, True)
+        impl.apply_staged_writes()
+        positions = i64(tokens, device)
+        return impl.compute_slot_mappings(i32([0], device), i32([0, 8], device), positions, 8)
+
+    what = (
+        f"slot mapping of positions {tokens} in a table of {width} one-token blocks under "
+        f"CP {_UNIT_CP}, spanning {width * _UNIT_CP} positions (legal)"
+    )
+    return _maps_as_reference(what, call, want.tolist(), cp_rank, controls=4)

@@ -39,6 +39,7 @@ from .legal_probes import (
     probe_far_positions,
     probe_huge_blocks,
     probe_many_groups,
+    probe_unit_blocks_past_2_31,
 )
 from .row_probe import probe_many_rows
 from .violations import Violation
@@ -136,8 +137,10 @@ def run_probes(
         found += probe_many_groups(factory, args, kwargs, cp_rank, reads=first_cp_group)
         if first_cp_group:
             found += probe_many_rows(factory, args, kwargs, cp_rank)
-    if first_cp_group and buffer_lengths:
-        found += probe_buffer_lengths(factory, args, kwargs, cp_rank, buffer_lengths)
+    if first_cp_group:
+        found += probe_unit_blocks_past_2_31(factory, args, kwargs, cp_rank)
+        if buffer_lengths:
+            found += probe_buffer_lengths(factory, args, kwargs, cp_rank, buffer_lengths)
     if kwargs.get("integrity_checks"):
         found += probe_integrity(factory, args, kwargs, cp_rank, fused)
     return found

@@ -1007,3 +1007,25 @@ def test_the_compiled_kernel_maps_in_integers(by_request, pow2, pos32):
     floats = re.findall(r"arith\.(?:sitofp|uitofp|cmpf|addf|subf|mulf|divf)\b[^\n]*",
                         _compiled_ttir(by_request, pow2, pos32))  # fmt: skip
     assert floats == []
+
+
+@pytest.mark.parametrize("cp_rank", [0, 8191])
+def test_a_span_past_2_31_through_the_cp_factor_of_one_token_blocks_maps_in_int64(cp_rank):
+    """Blocks of one token under CP 8,192: a table of 2**18 + 4 columns spans 2**31 + 2**15
+    positions only through the CP factor, so POS32 must not hold, and the rank's positions
+    past 2**31 (columns 2**18 on) map to their blocks rather than PAD."""
+    width = 2**18 + 4
+    config = _config(
+        block_sizes=[1], max_num_reqs=1, max_num_batched_tokens=8,
+        max_num_blocks_per_group=[width], cp_size=2**13, cp_rank=cp_rank,
+    )  # fmt: skip
+    bt, ref = _build(torch.device("cpu"), config, [(0, 0, 1)], 1)
+    assert not bt._slot_plan.pick.__self__.tile_meta["POS32"]
+    near = [cp_rank + j * 2**13 for j in range(4)]
+    positions = np.array([*near, *(2**31 + p for p in near)], dtype=np.int64)
+    idx, qsl = np.array([0], dtype=np.int32), np.array([0, 8], dtype=np.int32)
+    t = torch.from_numpy
+    out = bt.compute_slot_mappings(t(idx), t(qsl), t(positions), 8)
+    expected = ref.slot_mappings(idx, qsl, positions, 8)
+    assert expected[0, 4:].min() > 2**18  # the reference's blocks past 2**31, no PAD
+    np.testing.assert_array_equal(out.numpy(), expected)

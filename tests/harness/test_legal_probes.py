@@ -1,4 +1,5 @@
-"""The buffer-length probe: a short step maps the reference's slots in buffers no preset has."""
+"""The legal probes of slots no workload reaches: a short step in buffers no preset has, and
+one-token blocks whose tables pass 2**31 positions only through their CP factor."""
 
 from __future__ import annotations
 
@@ -9,27 +10,36 @@ from cp_blocktables import BlockTables
 from cp_blocktables.harness import legal_probes, presets, probes
 from cp_blocktables.harness.features import constructor_kwargs, inspect_factory
 from tests.impls.pure_python import BlockTables as PurePython
-from tests.wrong_impls.catalogue import OursShortStepsCutInMidBuffers
+from tests.wrong_impls.catalogue import OursShortStepsCutInMidBuffers, OursUnitBlockSpanWithoutCp
 from tests.wrong_impls.stand_in import StandInBlockTables
 
 LENGTHS = presets.resolve(["groups-1"])[0].probe_buffer_lengths
 
 
-def _probe(factory, preset_name: str, lengths=LENGTHS, rank: int = 0) -> list:
+RIGHT = [
+    pytest.param(BlockTables, id="ours"),
+    pytest.param(PurePython, id="pure-python"),
+    pytest.param(StandInBlockTables, id="stand-in"),
+]
+
+
+def _inputs(factory, preset_name: str, rank: int) -> tuple[list, dict]:
     p = presets.resolve([preset_name])[0]
     args = probes.constructor_args(p.config(rank), torch.device("cpu"))
-    kwargs = constructor_kwargs(p, rank, inspect_factory(factory))
+    return args, constructor_kwargs(p, rank, inspect_factory(factory))
+
+
+def _probe(factory, preset_name: str, lengths=LENGTHS, rank: int = 0) -> list:
+    args, kwargs = _inputs(factory, preset_name, rank)
     return legal_probes.probe_buffer_lengths(factory, args, kwargs, rank, lengths)
 
 
-@pytest.mark.parametrize(
-    "factory",
-    [
-        pytest.param(BlockTables, id="ours"),
-        pytest.param(PurePython, id="pure-python"),
-        pytest.param(StandInBlockTables, id="stand-in"),
-    ],
-)
+def _unit_probe(factory, preset_name: str, rank: int = 0) -> list:
+    args, kwargs = _inputs(factory, preset_name, rank)
+    return legal_probes.probe_unit_blocks_past_2_31(factory, args, kwargs, rank)
+
+
+@pytest.mark.parametrize("factory", RIGHT)
 @pytest.mark.parametrize("preset", ["groups-1", "mutation", "kbs-cp4", "cp3-no-power-of-two"])
 def test_right_implementations_map_the_short_step_in_every_buffer(factory, preset):
     assert _probe(factory, preset) == []
@@ -83,3 +93,35 @@ def test_only_the_first_cp_group_probes_the_presets_lengths():
     assert [v.check for v in first] == [9] and "1000" in first[0].what
     assert probes.run_probes(*call, first_cp_group=False, buffer_lengths=(1000,)) == []
     assert probes.run_probes(*call, first_cp_group=True) == []
+
+
+@pytest.mark.parametrize("factory", RIGHT)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_right_implementations_map_one_token_blocks_past_2_31(factory, rank):
+    assert _unit_probe(factory, "cp2-unit-blocks", rank) == []
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_span_that_leaves_out_the_cp_factor_of_one_token_blocks_is_check_9(rank):
+    """`columns x 1 ** cp` is the columns alone: an int32 path, and the positions past
+    2**31 map to PAD while the four controls map right."""
+    found = _unit_probe(OursUnitBlockSpanWithoutCp, "cp2-unit-blocks", rank)
+    assert [v.check for v in found] == [9], [v.describe() for v in found]
+    assert found[0].actual.endswith("-1, -1, -1, -1]]")
+    assert "one-token blocks under CP 8192" in found[0].what
+
+
+def test_one_token_blocks_wrong_in_the_first_columns_too_are_left_to_the_workload():
+    assert _unit_probe(_SlotsOffByOne, "cp2-unit-blocks") == []
+
+
+class _NeverBuilt(BlockTables):
+    def __init__(self, *args, **kwargs):
+        raise AssertionError("the probe built an instance")
+
+
+@pytest.mark.parametrize("preset", ["mutation", "groups-6", "kbs-cp4"])
+def test_presets_without_one_token_blocks_under_cp_build_nothing(preset):
+    """`mutation` and `kbs-cp4` shard no one-token kernel blocks, `groups-6` has them at
+    cp 1: the probe, a quarter of a second a rank, runs only where the preset has both."""
+    assert _unit_probe(_NeverBuilt, preset) == []

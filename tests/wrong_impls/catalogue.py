@@ -49,6 +49,7 @@ from .catalogue_ours import (
     OursShortStepsCutInMidBuffers,
     OursTwoGroupsUnfused,
     OursUnitBlockMaskedUnwindowed,
+    OursUnitBlockSpanWithoutCp,
 )
 from .catalogue_slots import (
     AllRanksWrite,
@@ -179,6 +180,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_powers_of_two_by_all_ones": _entry(OursPowersOfTwoByAllOnes, 1),
     "ours_positions_pad_past_2_61": _entry(OursPositionsPadPast2To61, 9),
     "ours_short_steps_cut_in_mid_buffers": _entry(OursShortStepsCutInMidBuffers, 9),
+    "ours_unit_block_span_without_cp": _entry(OursUnitBlockSpanWithoutCp, 9),
 }
 """name -> (`--impl` spec, the check that must report it)."""
 
@@ -257,6 +259,7 @@ CAUGHT_BY: dict[str, str] = {
     "ours_powers_of_two_by_all_ones": "cp3-all-ones",
     "ours_positions_pad_past_2_61": "cp1-window",
     "ours_short_steps_cut_in_mid_buffers": "groups-1",
+    "ours_unit_block_span_without_cp": "cp2-unit-blocks",
 }
 """name -> the preset of the default sweep that catches it first, in the sweep's order.
 

@@ -68,6 +68,29 @@ class OursShortStepsCutInMidBuffers(BlockTables):
         return slots
 
 
+class OursUnitBlockSpanWithoutCp(BlockTables):
+    """Takes a table's span as columns x kernel block size ** CP size: the same or more
+    for kernel blocks of 2 tokens or more, but one-token blocks then span their columns
+    alone, so an int32 path is taken where only the CP factor carries a table past 2**31
+    positions, and the positions past it map to PAD."""
+
+    def compute_slot_mappings(
+        self, idx_mapping, query_start_loc, positions, num_tokens_padded, out=None
+    ):
+        slots = super().compute_slot_mappings(
+            idx_mapping, query_start_loc, positions, num_tokens_padded, out
+        )
+        cfg = self.config
+        spans = [
+            t.gpu.shape[1] * k ** cfg.group_cp_size(g)
+            for g, (t, k) in enumerate(zip(self.block_tables, self.kernel_block_sizes))
+        ]
+        if spans and max(spans) < 2**31:
+            n = int(query_start_loc[-1])
+            slots[:, :n][:, positions[:n] >= 2**31] = PAD_SLOT_ID
+        return slots
+
+
 class OursNoWindowMask(BlockTables):
     """The project's BlockTables, called without num_computed_tokens: no window masking."""
 
