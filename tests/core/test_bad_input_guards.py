@@ -769,6 +769,18 @@ def test_zero_row_outputs_are_accepted_whatever_their_row_stride(torch_device, m
         ),
         pytest.param(
             "table",
+            lambda t: t.unsqueeze(-1),
+            r"block_tables\[0\].gpu must be an int32 .* \(4, 8, 1\) on",
+            id="table-3-d",
+        ),
+        pytest.param(
+            "input",
+            lambda t: t.unsqueeze(-1),
+            r"input_block_tables\[0\] must be an int32 .* \(4, 8, 1\) on",
+            id="input-3-d",
+        ),
+        pytest.param(
+            "table",
             lambda t: t[:, :1].expand(-1, 8),
             r"block_tables\[0\].gpu must be an int32 .* unit column",
             id="table-column-stride-0",
