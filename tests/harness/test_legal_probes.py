@@ -1,5 +1,7 @@
-"""The legal probes of slots no workload reaches: a short step in buffers no preset has, and
-one-token blocks whose tables pass 2**31 positions only through their CP factor."""
+"""The legal probes called one at a time: what each builds and where it stays silent.
+
+`tests/harness/test_probes.py` runs them all through `run_probes` against the
+catalogue's wrong implementations."""
 
 from __future__ import annotations
 
@@ -10,7 +12,11 @@ from cp_blocktables import BlockTables
 from cp_blocktables.harness import legal_probes, presets, probes
 from cp_blocktables.harness.features import constructor_kwargs, inspect_factory
 from tests.impls.pure_python import BlockTables as PurePython
-from tests.wrong_impls.catalogue import OursShortStepsCutInMidBuffers, OursUnitBlockSpanWithoutCp
+from tests.wrong_impls.catalogue import (
+    OursOutListByIdentity,
+    OursShortStepsCutInMidBuffers,
+    OursUnitBlockSpanWithoutCp,
+)
 from tests.wrong_impls.stand_in import StandInBlockTables
 
 LENGTHS = presets.resolve(["groups-1"])[0].probe_buffer_lengths
@@ -61,6 +67,14 @@ class _SlotsOffByOne(BlockTables):
     def compute_slot_mappings(self, *args, **kwargs):
         slots = super().compute_slot_mappings(*args, **kwargs)
         return torch.where(slots >= 0, slots + 1, slots)
+
+
+@pytest.mark.parametrize("preset", ["mutation", "cp3-no-power-of-two", "kbs-cp4"])
+def test_slots_wrong_in_the_first_columns_too_are_left_to_the_workload(preset):
+    """A finding here stops the preset before the workload runs: a defect that shows at
+    the far token's offset in the first columns as well is the workload's to name."""
+    args, kwargs = _inputs(BlockTables, preset, 0)
+    assert legal_probes.probe_far_positions(_SlotsOffByOne, args, kwargs, 0) == []
 
 
 def test_a_step_wrong_in_the_presets_own_buffer_is_left_to_the_workload():
@@ -125,3 +139,9 @@ def test_presets_without_one_token_blocks_under_cp_build_nothing(preset):
     """`mutation` and `kbs-cp4` shard no one-token kernel blocks, `groups-6` has them at
     cp 1: the probe, a quarter of a second a rank, runs only where the preset has both."""
     assert _unit_probe(_NeverBuilt, preset) == []
+
+
+def test_the_257_group_reads_run_on_the_first_cp_group_alone():
+    """The reads cost seconds in the interpreter: the other CP groups build and apply only."""
+    args, kwargs = _inputs(OursOutListByIdentity, "groups-6", 0)
+    assert legal_probes.probe_many_groups(OursOutListByIdentity, args, kwargs, 0, reads=False) == []

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cp_blocktables import BlockTables, integrity
-from cp_blocktables.harness import legal_probes, presets, probes
+from cp_blocktables.harness import presets, probes
 from cp_blocktables.harness.features import constructor_kwargs, inspect_factory
 from tests.impls.pure_python import BlockTables as PurePython
 from tests.wrong_impls.catalogue_contract import (
@@ -202,14 +202,6 @@ def test_a_model_of_257_groups_must_build_apply_gather_and_map(impl, refusal):
     assert found[0].actual.startswith(refusal) and "257" in found[0].what
 
 
-def test_the_257_group_reads_run_on_the_first_cp_group_alone():
-    """The reads cost seconds in the interpreter: the other CP groups build and apply only."""
-    p = presets.resolve(["groups-6"])[0]
-    args = probes.constructor_args(p.config(0), torch.device("cpu"))
-    kwargs = constructor_kwargs(p, 0, inspect_factory(OursOutListByIdentity))
-    assert legal_probes.probe_many_groups(OursOutListByIdentity, args, kwargs, 0, reads=False) == []
-
-
 @pytest.mark.parametrize("preset", ["mutation", "cp3-no-power-of-two", "kbs-cp4", "groups-1"])
 def test_a_position_past_2_61_must_map(preset):
     """Positions are bounded below 2**62; the sweep's far presets stop near 2**31, so only
@@ -227,24 +219,6 @@ def test_a_position_past_2_61_mapped_to_pad_is_check_9():
     found = _findings(OursPositionsPadPast2To61, "mutation", ranks=[0])
     assert [v.check for v in found] == [9], found
     assert found[0].expected != found[0].actual and found[0].actual.endswith(", -1]]")
-
-
-class _SlotsOffByOne(BlockTables):
-    """Maps every slot it owns one past the right one."""
-
-    def compute_slot_mappings(self, *args, **kwargs):
-        slots = super().compute_slot_mappings(*args, **kwargs)
-        return torch.where(slots >= 0, slots + 1, slots)
-
-
-@pytest.mark.parametrize("preset", ["mutation", "cp3-no-power-of-two", "kbs-cp4"])
-def test_slots_wrong_in_the_first_columns_too_are_left_to_the_workload(preset):
-    """A finding here stops the preset before the workload runs: a defect that shows at
-    the far token's offset in the first columns as well is the workload's to name."""
-    p = presets.resolve([preset])[0]
-    args = probes.constructor_args(p.config(0), torch.device("cpu"))
-    kwargs = constructor_kwargs(p, 0, inspect_factory(BlockTables))
-    assert legal_probes.probe_far_positions(_SlotsOffByOne, args, kwargs, 0) == []
 
 
 @pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])
