@@ -424,6 +424,24 @@ def test_count_functions_on_crafted_tensors(torch_device):
     assert int(integrity.count_gather_faults(*stale, [16], [0])) == 2  # count and entry 1
 
 
+@pytest.mark.parametrize(
+    "reach", [0, -4, -16], ids=["reach-0", "reach-minus-4", "reach-minus-a-block"]
+)
+def test_a_reach_not_above_0_masks_nothing_in_the_checks(torch_device, reach):
+    """Only a positive reach masks (docs/contract-notes.md; the gather kernel's `reach > 0`).
+    The config refuses a negative reach, so only a direct call passes one: the checks then
+    expect the source row whole, as for reach 0. Were -4 taken as a window, 28 computed
+    tokens would start it at token 32 and zero entries 0 and 1 (tokens 0 to 31)."""
+    d = torch_device
+    src = [ints([[0, 0, 0], [7, 8, 9]], d)]
+    out = [ints([[7, 8, 9]], d)]  # row 1, whole
+    nct = ints([0, 28], d)
+    args = (out, src, ints([1], d), ints([[0, 3]], d), np.array([[0, 3]], dtype=np.int32))
+    assert int(integrity.count_gather_faults(*args, [16], [reach], nct)) == 0
+    integrity.check_gathered_block_tables(*args, [16], [reach], nct)  # raises nothing
+    assert integrity.explain_gather_faults(*args, [16], [reach], nct) == ""
+
+
 # ---------------------------------------------------------------- correct runs
 
 
