@@ -1009,6 +1009,16 @@ def test_the_compiled_kernel_maps_in_integers(by_request, pow2, pos32):
     assert floats == []
 
 
+@needs_cuda_backend
+@_COMPILED_LAYOUTS
+def test_the_compiled_kernel_loads_under_no_constant_false_mask(by_request, pow2, pos32):
+    """The builds of the tests before: every load may read. A load whose mask folds to
+    `false` (`mask=lo1 is last`: Triton folds `is` to a constant) reads nothing and gives 0,
+    so a search step over it always moves right and its bound never narrows."""
+    dead = re.findall(r"tt\.load [^\n]*, %false\b[^\n]*", _compiled_ttir(by_request, pow2, pos32))
+    assert dead == []
+
+
 @pytest.mark.parametrize("cp_rank", [0, 8191])
 def test_a_span_past_2_31_through_the_cp_factor_of_one_token_blocks_maps_in_int64(cp_rank):
     """Blocks of one token under CP 8,192: a table of 2**18 + 4 columns spans 2**31 + 2**15
