@@ -356,6 +356,22 @@ def test_gather_many_narrow_rows_in_16_element_tiles(monkeypatch, pair):
     p.gather([*range(39, 20, -1), -1, *range(20)], 40)
 
 
+@pytest.mark.parametrize("masked", [False, True], ids=["no-window", "sliding-window"])
+def test_gather_many_wide_rows_in_one_default_tile(monkeypatch, pair, masked):
+    """With the default 65,536-element host tiles a gather of 300 rows of a 2100-column table
+    takes 16 rows x 4096 columns a program: a block of ROWS x COLS past Triton's 2**20
+    elements (512 x 4096, `next_power_of_2(num_rows)` rows) does not run at all."""
+    monkeypatch.setattr(_common, "HOST_TILE", 1 << 16)
+    monkeypatch.setattr(gather, "_GATHER_META", {})  # launch constants of these tiles only
+    p = pair(**small(max_num_reqs=300, max_num_blocks_per_group=[2100],
+                     sliding_window_reach=[64] if masked else [0]))  # fmt: skip
+    for r in range(0, 300, 7):
+        p.append(r, (list(range(r + 1, r + 2 + 7 * r)),))
+    p.bt.apply_staged_writes()
+    nct = [4 * r for r in range(300)] if masked else None
+    p.gather([*range(299, 0, -1), -1], 300, num_computed_tokens=nct)
+
+
 # ------------------------------------------------------------------ sizes
 
 

@@ -224,6 +224,10 @@ def _launches(name: str, call):
     return result
 
 
+# A RuntimeWarning is an error: the interpreter reports an integer division or
+# remainder by zero (undefined in compiled code) only as a warning, e.g. a tile
+# that spans several entries from entry 0.
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 @pytest.mark.parametrize("layout", [False, True], ids=["by-tile", "by-request"])
 @pytest.mark.parametrize(("config", "requests", "padded", "first_id", "flags"), CASES)
 def test_each_layout_maps_every_entry_as_the_reference(
@@ -480,6 +484,31 @@ def test_a_short_step_in_a_buffer_past_a_request_programs_reach_pads_every_entry
     np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
 
 
+@pytest.mark.parametrize(
+    "requests",
+    [
+        pytest.param([(3, 0, 64)], id="one-request"),
+        pytest.param([(3, 7, 64), (1, 0, 0)], id="then-an-empty-entry"),
+    ],
+)
+def test_a_first_entry_that_fills_the_buffer_maps_its_last_token(torch_device, requests):
+    """A step whose first batch entry holds every token of a 64-token buffer, mapped by
+    request (one 64-token request passes `by_request`): on CPU the entry's request program
+    reaches the buffer's last token in its second 32-token step, and no tail program maps
+    it (it lies below the reach). Entry 0 starts at token 0: a request program that starts
+    it at -1 (its masked-off token) ends one token short and leaves token 63 unwritten."""
+    config = _config(block_sizes=[16], max_num_blocks_per_group=[8], max_num_batched_tokens=64)
+    bt, ref = _build(torch_device, config, requests, 1)
+    idx, qsl, pos = _batch(requests, 1)
+    assert qsl[1] == qsl[-1] == bt.max_num_batched_tokens
+    assert bt._slot_plan.layout(len(idx), 64) == "request"
+    bt.slot_mappings.fill_(GARBAGE)
+    t = lambda a: torch.from_numpy(a).to(torch_device)  # noqa: E731
+    bt.compute_slot_mappings(t(idx), t(qsl), t(pos), 64)
+    expected = ref.slot_mappings(idx, qsl, pos, 64)
+    np.testing.assert_array_equal(bt.slot_mappings.cpu().numpy(), expected)
+
+
 @pytest.mark.parametrize("entries", [1, 4], ids=["first-entry", "every-entry"])
 def test_a_request_program_writes_only_its_own_entrys_tokens(entries):
     """Request programs run side by side on a GPU: program `(b, g)` may write only tokens
@@ -669,6 +698,8 @@ _AT_PAGE_END = textwrap.dedent(
         pytest.param("16", 8, 5, "request", id="by-request-small-tiles"),
         pytest.param("16", 200, 4, "tile", id="by-tile-positions-short-unchecked"),
         pytest.param("16", 8, 4, "request", id="by-request-positions-short-unchecked"),
+        pytest.param("16", 200, 3, "tile", id="by-tile-positions-two-short-unchecked"),
+        pytest.param("16", 8, 3, "request", id="by-request-positions-two-short-unchecked"),
     ],
 )
 def test_inputs_that_end_at_an_unreadable_page_are_read_within_bounds(
@@ -676,10 +707,11 @@ def test_inputs_that_end_at_an_unreadable_page_are_read_within_bounds(
 ):
     """`query_start_loc`, `idx_mapping` and `positions` each end at the last bytes before an
     unreadable page: a load one entry past any of them (a search step taken after the search
-    has converged at `num_reqs`) is a segmentation fault. With `given` 4, `positions` holds
-    one entry fewer than the batch has tokens, refused when validating and unchecked with
-    `validate_inputs` off, where the kernels still read no entry past it
-    (docs/contract-notes.md). In a child process, so that a crash fails the test, not pytest."""
+    has converged at `num_reqs`) is a segmentation fault. With `given` 4 or 3, `positions`
+    holds one or two entries fewer than the batch has tokens, refused when validating and
+    unchecked with `validate_inputs` off, where the kernels still read no entry past it
+    (docs/contract-notes.md): neither the token at `num_positions` nor one past it. In a
+    child process, so that a crash fails the test, not pytest."""
     env = {**os.environ, _common.HOST_TILE_ENV: host_tile}
     proc = subprocess.run(
         [sys.executable, "-c", _AT_PAGE_END, str(padded), str(given)],

@@ -1,4 +1,4 @@
-"""`row_probe`: a gather of 2**16 + 1 rows, compared with the reference."""
+"""`row_probe`: gathers of 2**16 + 1 rows and of 257 wide rows, compared with the reference."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from cp_blocktables import BlockTables
-from cp_blocktables.harness.row_probe import MANY_ROWS, probe_many_rows
+from cp_blocktables.harness.row_probe import MANY_ROWS, WIDE_SHAPE, probe_many_rows
+from tests.wrong_impls.catalogue import OursGatherRowsByBatch
 
 CPU = torch.device("cpu")
 MODELS = {
@@ -59,3 +60,30 @@ def test_a_refused_gather_is_the_finding():
 
 def test_a_model_without_groups_is_not_probed():
     assert probe_many_rows(BlockTables, [[], 4, 64, [], CPU], {}, 0) == []
+
+
+def test_a_gather_refused_past_2_20_padded_entries_is_the_finding():
+    """The rows probe passes (2**16 + 1 rows of one column pad to 2**17 entries); the wide
+    one does not: 257 rows of 2,049 columns pad to 2**21."""
+    args, kwargs = MODELS["two-groups"]
+    (found,) = probe_many_rows(OursGatherRowsByBatch, args, kwargs, 0)
+    assert found.check == 9 and found.actual.startswith("RuntimeError: numel (2097152)")
+    assert f"all {WIDE_SHAPE[0]} rows of a model with {WIDE_SHAPE[1]} block(s) a row" in found.what
+
+
+class WideRowLost(BlockTables):
+    """Gathers the wide model's last row (batch entry 0) without its last column."""
+
+    def gather_block_tables(self, idx_mapping, num_reqs_padded, *args, **kwargs):
+        views = super().gather_block_tables(idx_mapping, num_reqs_padded, *args, **kwargs)
+        if num_reqs_padded == WIDE_SHAPE[0]:
+            views[0][0, WIDE_SHAPE[1] - 1] = 0
+        return views
+
+
+def test_a_wrong_entry_of_a_wide_row_is_named():
+    args, kwargs = MODELS["two-groups"]
+    (found,) = probe_many_rows(WideRowLost, args, kwargs, 0)
+    row, col = WIDE_SHAPE[0] - 1, WIDE_SHAPE[1] - 1
+    assert f"group 0, batch entry 0 (row {row}), column {col}" in found.what
+    assert (found.expected, found.actual) == (str(1 + row + col), "0")

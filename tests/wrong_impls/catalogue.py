@@ -39,6 +39,7 @@ from .catalogue_ours import (
     OursDeviceByIndex,
     OursDummyNotDirty,
     OursGatherFirstProgramRows,
+    OursGatherRowsByBatch,
     OursInt32PathBelow2To30,
     OursInt32Slots,
     OursKernelIdsByOr,
@@ -181,6 +182,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_positions_pad_past_2_61": _entry(OursPositionsPadPast2To61, 9),
     "ours_short_steps_cut_in_mid_buffers": _entry(OursShortStepsCutInMidBuffers, 9),
     "ours_unit_block_span_without_cp": _entry(OursUnitBlockSpanWithoutCp, 9),
+    "ours_gather_rows_by_batch": _entry(OursGatherRowsByBatch, 9),
 }
 """name -> (`--impl` spec, the check that must report it)."""
 
@@ -260,6 +262,7 @@ CAUGHT_BY: dict[str, str] = {
     "ours_positions_pad_past_2_61": "cp1-window",
     "ours_short_steps_cut_in_mid_buffers": "groups-1",
     "ours_unit_block_span_without_cp": "cp2-unit-blocks",
+    "ours_gather_rows_by_batch": "groups-6",
 }
 """name -> the preset of the default sweep that catches it first, in the sweep's order.
 

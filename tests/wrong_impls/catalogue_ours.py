@@ -91,6 +91,21 @@ class OursUnitBlockSpanWithoutCp(BlockTables):
         return slots
 
 
+class OursGatherRowsByBatch(BlockTables):
+    """Sizes its gather programs by the batch alone, every row in one program whatever the
+    width: right up to Triton's largest block of 2**20 entries, refused past it (257 rows
+    of 2,049 columns pad to 512 x 4,096), as the interpreter refuses such a launch."""
+
+    def gather_block_tables(self, idx_mapping, num_reqs_padded, *args, **kwargs):
+        def pow2(n: int) -> int:
+            return 1 << max(n - 1, 0).bit_length()
+
+        width = max((t.gpu.shape[1] for t in self.block_tables), default=0)
+        if pow2(num_reqs_padded) * pow2(width) > 2**20:
+            raise RuntimeError(f"numel ({pow2(num_reqs_padded) * pow2(width)}) exceeds 2**20")
+        return super().gather_block_tables(idx_mapping, num_reqs_padded, *args, **kwargs)
+
+
 class OursNoWindowMask(BlockTables):
     """The project's BlockTables, called without num_computed_tokens: no window masking."""
 
