@@ -280,13 +280,9 @@ def test_a_replaced_gpu_tensor_of_fewer_dimensions_is_refused(
     """A `.gpu` keeps the number of dimensions it was built with, even where the rows of one
     with fewer would hold every write (one column as a 1-D tensor, a 3-D tensor's rows as 2-D
     ones): refused with `ValueError`, every write still staged and nothing written."""
-    t = StagedWriteTensor(shape, torch.int32, torch_device)
-    t.gpu = view(t)
-    t.stage_write(*write)
-    with pytest.raises(ValueError, match="smaller than"):
-        _apply([t], fused)
-    assert not t.gpu.any()
-    assert t._staged_write_cu_lens == [len(write[2])]
+    _assert_refused_as_staged(
+        StagedWriteTensor(shape, torch.int32, torch_device), view, write, fused
+    )
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["one-tensor", "fused"])
@@ -309,7 +305,14 @@ def test_a_replaced_gpu_tensor_of_more_dimensions_is_refused(
     refused too, even where its rows are contiguous and hold every write (a 1-D tensor as one
     column, a 2-D one with a trailing dimension of 1 or its rows split in two): `ValueError`,
     every write still staged and nothing written."""
-    t = StagedWriteTensor(shape, torch.int32, torch_device)
+    _assert_refused_as_staged(
+        StagedWriteTensor(shape, torch.int32, torch_device), view, write, fused
+    )
+
+
+def _assert_refused_as_staged(t: StagedWriteTensor, view, write, fused: bool) -> None:
+    """`t.gpu` replaced by `view(t)` and `write` staged: the apply raises `ValueError`,
+    writes nothing and keeps the write staged."""
     t.gpu = view(t)
     t.stage_write(*write)
     with pytest.raises(ValueError, match="smaller than"):

@@ -27,10 +27,14 @@ class OursInt32Slots(BlockTables):
         return out
 
 
-class OursInt32PathBelow2To30(BlockTables):
-    """Maps positions from 2**30 on to PAD while every table spans fewer than 2**31
-    positions, as an int32 path bounded by 2**30 instead of 2**31 would: legal tokens at
-    the top of such tables are written on no rank."""
+class _OursPadsWhereSpansFitInt32(BlockTables):
+    """Maps positions from `PAD_FROM` on to PAD while every span `_spans()` gives is
+    below 2**31, as a kernel that takes its int32 path then would."""
+
+    PAD_FROM = 2**31
+
+    def _spans(self) -> list[int]:
+        raise NotImplementedError
 
     def compute_slot_mappings(
         self, idx_mapping, query_start_loc, positions, num_tokens_padded, out=None
@@ -38,15 +42,26 @@ class OursInt32PathBelow2To30(BlockTables):
         slots = super().compute_slot_mappings(
             idx_mapping, query_start_loc, positions, num_tokens_padded, out
         )
+        spans = self._spans()
+        if spans and max(spans) < 2**31:
+            n = int(query_start_loc[-1])
+            slots[:, :n][:, positions[:n] >= self.PAD_FROM] = PAD_SLOT_ID
+        return slots
+
+
+class OursInt32PathBelow2To30(_OursPadsWhereSpansFitInt32):
+    """Maps positions from 2**30 on to PAD while every table spans fewer than 2**31
+    positions, as an int32 path bounded by 2**30 instead of 2**31 would: legal tokens at
+    the top of such tables are written on no rank."""
+
+    PAD_FROM = 2**30
+
+    def _spans(self) -> list[int]:
         cfg = self.config
-        spans = [
+        return [
             cfg.max_num_blocks_per_group[g] * cfg.block_sizes[g] * cfg.group_cp_size(g)
             for g in range(cfg.num_kv_cache_groups)
         ]
-        if spans and max(spans) < 2**31:
-            n = int(query_start_loc[-1])
-            slots[:, :n][:, positions[:n] >= 2**30] = PAD_SLOT_ID
-        return slots
 
 
 class OursShortStepsCutInMidBuffers(BlockTables):
@@ -68,27 +83,18 @@ class OursShortStepsCutInMidBuffers(BlockTables):
         return slots
 
 
-class OursUnitBlockSpanWithoutCp(BlockTables):
+class OursUnitBlockSpanWithoutCp(_OursPadsWhereSpansFitInt32):
     """Takes a table's span as columns x kernel block size ** CP size: the same or more
     for kernel blocks of 2 tokens or more, but one-token blocks then span their columns
     alone, so an int32 path is taken where only the CP factor carries a table past 2**31
     positions, and the positions past it map to PAD."""
 
-    def compute_slot_mappings(
-        self, idx_mapping, query_start_loc, positions, num_tokens_padded, out=None
-    ):
-        slots = super().compute_slot_mappings(
-            idx_mapping, query_start_loc, positions, num_tokens_padded, out
-        )
-        cfg = self.config
-        spans = [
-            t.gpu.shape[1] * k ** cfg.group_cp_size(g)
+    def _spans(self) -> list[int]:
+        cp = self.config.group_cp_size
+        return [
+            t.gpu.shape[1] * k ** cp(g)
             for g, (t, k) in enumerate(zip(self.block_tables, self.kernel_block_sizes))
         ]
-        if spans and max(spans) < 2**31:
-            n = int(query_start_loc[-1])
-            slots[:, :n][:, positions[:n] >= 2**31] = PAD_SLOT_ID
-        return slots
 
 
 class OursGatherRowsByBatch(BlockTables):
