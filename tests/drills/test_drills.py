@@ -83,12 +83,15 @@ def test_the_drill_passes_while_the_world_shrinks_and_grows(rank, tmp_path):
 
 # Size regimes (a request past 8192 tokens, rows past 2048 columns, gathers of 20 such rows)
 # take the harness's `large-steps` preset, too slow for a drill on four interpreted ranks;
-# `verify` catches them.
+# token buffers of 1,000 and 4,001 are probed on `groups-1`, gathers of 257 rows of 2,049
+# columns on `groups-6`; `verify` catches them.
 SIZE_REGIMES = {
     "tokens_past_tile_dropped",
     "wide_rows_truncated",
     "tail_clear_capped",
     "ours_gather_first_program_rows",
+    "ours_short_steps_cut_in_mid_buffers",
+    "ours_gather_rows_by_batch",
 }
 # Missed integrity faults are probed where a preset turns the checks on (`cp2-i1`), none of
 # the drill's presets; `verify` catches them.
@@ -107,8 +110,9 @@ INTEGRITY = {
 # A CP size or a kernel-block ratio that is no power of two takes the sweep's
 # `cp3-no-power-of-two`, exactly two groups its `cp2-past-2-31`, 257 groups and a group of
 # one-token blocks beside windows `groups-6`, a sharded group of block size 1
-# `cp2-unit-blocks`, positions past 2**30 on the int32 path `cp2-below-2-31`, sizes one
-# below a power of two `cp3-all-ones`; `verify` catches them.
+# `cp2-unit-blocks` (its probe of one-token blocks past 2**31 too), positions past 2**30 on
+# the int32 path `cp2-below-2-31`, sizes one below a power of two `cp3-all-ones`; `verify`
+# catches them.
 LAYOUTS = {
     "cp_modulo_as_mask",
     "ours_two_groups_unfused",
@@ -119,6 +123,7 @@ LAYOUTS = {
     "ours_unit_block_masked_unwindowed",
     "ours_int32_path_below_2_30",
     "ours_powers_of_two_by_all_ones",
+    "ours_unit_block_span_without_cp",
 }
 DRILLED = {
     n: entry for n, entry in CATALOGUE.items() if n not in SIZE_REGIMES | INTEGRITY | LAYOUTS
