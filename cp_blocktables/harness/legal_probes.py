@@ -5,11 +5,11 @@ its stride: blocks far larger than any preset's (SPEC.md bounds only the
 slots), a position past the table of a group without slot mapping (SPEC.md
 3: that group's slots are all `PAD_SLOT_ID`), a position past 2**61
 (docs/contract-notes.md bounds positions below 2**62), a model of 257
-groups (SPEC.md 1: 0..N groups), a short step in token buffers of lengths
-no preset has, and one-token blocks whose tables pass 2**31 positions only
-through their CP factor. A call that raises is the finding (check 9); the
-slots of the last three are compared with the reference's too. `probes.run_probes`
-runs them beside the refusals.
+groups (SPEC.md 1: 0..N groups), and one-token blocks whose tables pass
+2**31 positions only through their CP factor. A call that raises is the
+finding (check 9); the slots of the far positions and the one-token blocks
+are compared with the reference's too. `probes.run_probes` runs them beside
+the refusals, and beside the token buffer's edges (`buffer_probes`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,6 @@ _HUGE_ID = 3  # the block id row 0 holds there: its slots, below 4 * 2**45, fit 
 _FAR_BITS = 59  # the far-position probe scales every block size to [2**58, 2**59)
 _FAR_POSITION = 2**61 + 5  # past 2**61, below the positions' bound of 2**62
 _MANY_GROUPS = 257  # one past the ints CPython shares: a length compared by identity fails
-_SHORT_REQUEST = 40  # the most tokens of each request of the buffer probe's step
-_SHORT_PAD = 8  # the padded tokens past that step's batch
-_SHORT_START = 3  # where the step's second request starts: inside its first block
 _UNIT_CP = 2**13  # the unit-block probe's CP size: one-token blocks pass 2**31 in 2**18 columns
 PER_GROUP_DEFAULTS = {  # the optional per-group lists of SPEC.md 3 and 8.1, and their default
     "slot_mapping_enabled": True,
@@ -97,7 +94,7 @@ def probe_far_positions(
     most nine, so every slot stays below 2**63), and row 0 maps `_FAR_POSITION`
     after control tokens at its offset in each group's first two columns. No
     workload reaches such a position, so its slots are compared with the
-    reference's wherever the controls map right (`_maps_as_reference`).
+    reference's wherever the controls map right (`maps_as_reference`).
     """
     block_sizes = args[0]
     if not block_sizes or args[1] < 1 or args[2] < 2:
@@ -127,7 +124,7 @@ def probe_far_positions(
         f"slot mapping of positions {tokens[:-1]} and {_FAR_POSITION} (2**61 + 5) in tables of "
         f"block sizes {far} (legal: positions are bounded below 2**62)"
     )
-    return _maps_as_reference(what, call, want.tolist(), cp_rank, controls=n - 1)
+    return maps_as_reference(what, call, want.tolist(), cp_rank, controls=n - 1)
 
 
 def _legal_call(
@@ -142,7 +139,7 @@ def _legal_call(
     return []
 
 
-def _maps_as_reference(
+def maps_as_reference(
     what: str,
     call: Callable[[], torch.Tensor],
     want: list[list[int]],
@@ -267,66 +264,6 @@ def probe_many_groups(
     return _legal_call(f"{what} (legal: SPEC.md 1)", done, call, cp_rank)
 
 
-def probe_buffer_lengths(
-    factory: Callable, args: list, kwargs: dict, cp_rank: int, lengths: tuple[int, ...]
-) -> list[Violation]:
-    """A short step must map the reference's slots in a token buffer of each of `lengths`.
-
-    `max_num_batched_tokens` sizes the slot-mapping buffer, and a kernel may
-    branch on it: fixed tiles over the buffer with a partial last one, a reach
-    for programs that walk one request each, tail tiles past that reach. The
-    sweep's buffers are few (64 to 384 tokens, and 9,216 and more), so a
-    defect that shows only at other lengths passes the workload. Here a step
-    of two requests of up to `_SHORT_REQUEST` tokens (the second in batch
-    order starts inside its first block) and `_SHORT_PAD` padded tokens is
-    mapped in a buffer of the preset's own length first, the control, and
-    then in a buffer of each of `lengths` tokens. Where the control maps
-    wrong, the workload's checks 1 to 5 name the defect and the probe says
-    nothing (a finding here would stop the preset before them).
-    """
-    block_sizes, max_num_reqs, own_len, _, device = args
-    n = min(_SHORT_REQUEST, (own_len - _SHORT_PAD) // 2)
-    if not block_sizes or max_num_reqs < 2 or n < 1:
-        return []
-    rules = probe_reference(args, kwargs, cp_rank).rules
-    spans = [b * c for b, c in zip(block_sizes, rules.group_cp)]  # each group's virtual block
-    needed = [-(-(_SHORT_START + n) // v) for v in spans]  # [groups]: blocks a row
-    rows = [tuple(list(range(1 + r * m, 1 + (r + 1) * m)) for m in needed) for r in (0, 1)]
-    idx, qsl = [1, 0], [0, n, 2 * n]
-    positions = [*range(n), *range(_SHORT_START, _SHORT_START + n)]  # row 1, then row 0
-    padded = 2 * n + _SHORT_PAD
-    ref = probe_reference([block_sizes, max_num_reqs, own_len, needed, device], kwargs, cp_rank)
-    for r, ids in enumerate(rows):
-        ref.append_block_ids(r, ids, True)
-    want = ref.slot_mappings(idx, qsl, positions, padded).tolist()  # [groups, padded]
-
-    def mapped(length: int) -> Callable[[], torch.Tensor]:
-        def call() -> torch.Tensor:
-            impl = factory(block_sizes, max_num_reqs, length, needed, device, **kwargs)
-            for r, ids in enumerate(rows):
-                impl.append_block_ids(r, ids, True)
-            impl.apply_staged_writes()
-            batch = i32(idx, device), i32(qsl, device), i64(positions, device)
-            return impl.compute_slot_mappings(*batch, padded)
-
-        return call
-
-    try:
-        if mapped(own_len)().tolist() != want:
-            return []
-    except Exception:  # noqa: BLE001 - wrong in the preset's own buffer: the workload's finding
-        return []
-    found = []
-    for length in (m for m in lengths if m != own_len and m >= padded):
-        what = (
-            f"slot mapping of two requests of {n} tokens, padded to {padded}, with "
-            f"max_num_batched_tokens {length} (legal; the same step maps right with "
-            f"{own_len})"
-        )
-        found += _maps_as_reference(what, mapped(length), want, cp_rank, controls=0)
-    return found
-
-
 def probe_unit_blocks_past_2_31(
     factory: Callable, args: list, kwargs: dict, cp_rank: int
 ) -> list[Violation]:
@@ -373,4 +310,4 @@ def probe_unit_blocks_past_2_31(
         f"slot mapping of positions {tokens} in a table of {width} one-token blocks under "
         f"CP {_UNIT_CP}, spanning {width * _UNIT_CP} positions (legal)"
     )
-    return _maps_as_reference(what, call, want.tolist(), cp_rank, controls=4)
+    return maps_as_reference(what, call, want.tolist(), cp_rank, controls=4)

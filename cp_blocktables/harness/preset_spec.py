@@ -138,7 +138,7 @@ class Preset:
 
     `probe_buffer_lengths`: values of `max_num_batched_tokens` at which the
     first CP group's ranks map one short step beside the workload
-    (`legal_probes.probe_buffer_lengths`, check 9): lengths no preset's buffer
+    (`buffer_probes.probe_buffer_lengths`, check 9): lengths no preset's buffer
     has, each probed in under a second.
     """
 

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .buffer_probes import probe_buffer_lengths, probe_full_buffer
 from .features import Accepts
 from .integrity_probes import names_number, probe_integrity
 from .legal_probes import (
     PER_GROUP_DEFAULTS,
-    probe_buffer_lengths,
     probe_disabled_group_positions,
     probe_far_positions,
     probe_huge_blocks,
@@ -139,6 +139,7 @@ def run_probes(
             found += probe_many_rows(factory, args, kwargs, cp_rank)
     if first_cp_group:
         found += probe_unit_blocks_past_2_31(factory, args, kwargs, cp_rank)
+        found += probe_full_buffer(factory, args, kwargs, cp_rank, fused)
         if buffer_lengths:
             found += probe_buffer_lengths(factory, args, kwargs, cp_rank, buffer_lengths)
     if kwargs.get("integrity_checks"):

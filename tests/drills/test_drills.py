@@ -84,7 +84,8 @@ def test_the_drill_passes_while_the_world_shrinks_and_grows(rank, tmp_path):
 # Size regimes (a request past 8192 tokens, rows past 2048 columns, gathers of 20 such rows)
 # take the harness's `large-steps` preset, too slow for a drill on four interpreted ranks;
 # token buffers of 1,000 and 4,001 are probed on `groups-1`, gathers of 257 rows of 2,049
-# columns on `groups-6`; `verify` catches them.
+# columns on `groups-6`, one request filling a buffer of 64 or 128 tokens on presets of
+# such buffers (`cp2-past-2-31` first); `verify` catches them.
 SIZE_REGIMES = {
     "tokens_past_tile_dropped",
     "wide_rows_truncated",
@@ -92,6 +93,7 @@ SIZE_REGIMES = {
     "ours_gather_first_program_rows",
     "ours_short_steps_cut_in_mid_buffers",
     "ours_gather_rows_by_batch",
+    "ours_full_buffer_loses_its_last_token",
 }
 # Missed integrity faults are probed where a preset turns the checks on (`cp2-i1`), none of
 # the drill's presets; `verify` catches them.

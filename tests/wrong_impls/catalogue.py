@@ -38,6 +38,7 @@ from .catalogue_ours import (
     OursCutWriteKeepsLength,
     OursDeviceByIndex,
     OursDummyNotDirty,
+    OursFullBufferLosesItsLastToken,
     OursGatherFirstProgramRows,
     OursGatherRowsByBatch,
     OursInt32PathBelow2To30,
@@ -183,6 +184,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_short_steps_cut_in_mid_buffers": _entry(OursShortStepsCutInMidBuffers, 9),
     "ours_unit_block_span_without_cp": _entry(OursUnitBlockSpanWithoutCp, 9),
     "ours_gather_rows_by_batch": _entry(OursGatherRowsByBatch, 9),
+    "ours_full_buffer_loses_its_last_token": _entry(OursFullBufferLosesItsLastToken, 9),
 }
 """name -> (`--impl` spec, the check that must report it)."""
 
@@ -263,6 +265,7 @@ CAUGHT_BY: dict[str, str] = {
     "ours_short_steps_cut_in_mid_buffers": "groups-1",
     "ours_unit_block_span_without_cp": "cp2-unit-blocks",
     "ours_gather_rows_by_batch": "groups-6",
+    "ours_full_buffer_loses_its_last_token": "cp2-past-2-31",
 }
 """name -> the preset of the default sweep that catches it first, in the sweep's order.
 

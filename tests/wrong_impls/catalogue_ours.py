@@ -83,6 +83,47 @@ class OursShortStepsCutInMidBuffers(BlockTables):
         return slots
 
 
+class OursFullBufferLosesItsLastToken(BlockTables):
+    """Starts batch entry 0 one token early in a step of at most eight entries of up to
+    64 tokens each, as a request-parallel kernel that loads the entry's start with
+    `other=-1` would: its programs reach the buffer rounded up to 32 tokens, so where
+    entry 0 fills that reach its last token keeps what the buffer held."""
+
+    def _lost(self, idx_mapping, query_start_loc, num_tokens_padded) -> int | None:
+        num_reqs = idx_mapping.shape[0]
+        if not 0 < num_reqs <= 8 or num_tokens_padded > 64 * num_reqs:
+            return None
+        reach = 32 * -(-min(self.max_num_batched_tokens, 8192) // 32)
+        return reach - 1 if int(query_start_loc[1]) == reach else None
+
+    def compute_slot_mappings(
+        self, idx_mapping, query_start_loc, positions, num_tokens_padded, out=None
+    ):
+        dest = self.slot_mappings if out is None else out
+        last = self._lost(idx_mapping, query_start_loc, num_tokens_padded)
+        held = None if last is None else dest[:, last].clone()
+        slots = super().compute_slot_mappings(
+            idx_mapping, query_start_loc, positions, num_tokens_padded, out
+        )
+        if held is not None:
+            slots[:, last] = held
+        return slots
+
+    def gather_and_compute_slot_mappings(
+        self, idx_mapping, num_reqs_padded, query_start_loc, positions, num_tokens_padded,
+        num_computed_tokens=None,
+    ):  # fmt: skip
+        last = self._lost(idx_mapping, query_start_loc, num_tokens_padded)
+        held = None if last is None else self.slot_mappings[:, last].clone()
+        tables, slots = super().gather_and_compute_slot_mappings(
+            idx_mapping, num_reqs_padded, query_start_loc, positions, num_tokens_padded,
+            num_computed_tokens,
+        )  # fmt: skip
+        if held is not None:
+            slots[:, last] = held
+        return tables, slots
+
+
 class OursUnitBlockSpanWithoutCp(_OursPadsWhereSpansFitInt32):
     """Takes a table's span as columns x kernel block size ** CP size: the same or more
     for kernel blocks of 2 tokens or more, but one-token blocks then span their columns
