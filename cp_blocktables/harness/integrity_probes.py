@@ -38,7 +38,8 @@ from .planted import (
 from .violations import Violation
 
 INTEGRITY = 10
-_LOWER_ID = 2053  # row 2's blocks in the probe whose smallest live slot is unshared
+_LOWER_ID = 2053  # row 2's blocks in the probe whose smallest live slots are unshared
+_LOWER_TOKENS = 64  # the most positions row 2 maps there
 
 
 def names_number(message: str, number: str) -> bool:
@@ -163,13 +164,11 @@ def probe_integrity(
         ways = [("compute_slot_mappings", kwargs, "")]
         found += _shared_slot(factory, args, ref, cp_rank, [[1]] * n, 1, ways, " at block 1")
     if shared is not None and ref.rules.max_num_reqs >= 3 and args[2] >= 3:
-        ids, span = shared
-        lower = [[_LOWER_ID + j for j in range(len(g))] for g in ids]
+        ids, span = shared[0], min(shared[1], args[2] // 3)
+        lower = _lower_row(ref, args[2] - 2 * span)
         ways = [("compute_slot_mappings", kwargs, "")]
-        where = " above row 2's own, the smallest"
-        found += _shared_slot(
-            factory, args, ref, cp_rank, ids, min(span, args[2] // 3), ways, where, lower
-        )
+        where = f" above the {lower[1]} of row 2, the smallest"
+        found += _shared_slot(factory, args, ref, cp_rank, ids, span, ways, where, lower)
     if n:
         found += _block_twice_in_one_row(factory, args, ref, kwargs, cp_rank)
     stale = {"grown by an append": False, "cut short by an overwrite": True}
@@ -260,21 +259,25 @@ def _shared_slot(
     span: int,
     ways: list,
     where: str,
-    lower: list | None = None,
+    lower: tuple[list, int] | None = None,
 ) -> list[Violation]:
     """Rows 0 and 1 hold the blocks `ids` and both map positions `[0, span)`; each way
     `(method, kwargs, note)` must raise naming one of the slots they share (if any).
 
-    `lower`: row 2 holds these blocks, below `ids`, and maps the same positions
-    too, so each group's smallest live slot is one no other token holds. An
-    explanation that compares every slot with the smallest only names nothing.
+    `lower`: row 2 holds these blocks, below `ids`, and maps positions
+    `[0, lower[1])` after them (`_lower_row`), so each group's smallest live
+    slots are ones no other token holds. An explanation that compares every
+    slot with the smallest, or names the first slots in order whether shared
+    or not, names nothing.
     """
-    held = [ids, ids] if lower is None else [ids, ids, lower]
+    held = [ids, ids] if lower is None else [ids, ids, lower[0]]
     for r, row_ids in enumerate(held):
         ref.append_block_ids(r, row_ids, True)  # overwrites: the row holds `row_ids` alone
     k = len(held)
-    positions = list(range(span)) * k
-    qsl = [span * r for r in range(k + 1)]
+    spans = [span, span] + ([] if lower is None else [lower[1]])
+    positions = [p for n in spans for p in range(n)]
+    qsl = [0, *itertools.accumulate(spans)]
+    n = len(positions)
     shared_slots = _shared_by_reference(ref, qsl, positions)
     if not shared_slots:
         return []
@@ -285,12 +288,25 @@ def _shared_slot(
             impl = filled(factory, args, kw, dict(enumerate(held)), env=env)
             idx, q, pos = i32(list(range(k)), device), i32(qsl, device), i64(positions, device)
             if how == "compute_slot_mappings":
-                return lambda: impl.compute_slot_mappings(idx, q, pos, k * span)
-            return lambda: impl.gather_and_compute_slot_mappings(idx, k, q, pos, k * span)
+                return lambda: impl.compute_slot_mappings(idx, q, pos, n)
+            return lambda: impl.gather_and_compute_slot_mappings(idx, k, q, pos, n)
 
         what = f"{how} with rows 0 and 1 holding the same blocks (a shared slot{where}){note}"
         found += _expect_error(what, setup, cp_rank, shared_slots)
     return found
+
+
+def _lower_row(ref: ReferenceBlockTables, most: int) -> tuple[list, int]:
+    """Row 2's blocks (`_LOWER_ID` on, below `SHARED_ID`) and its positions `[0, n)`:
+    up to `_LOWER_TOKENS` of them, at most `most`, as many as every group's table holds.
+    Past eight live slots of each group on a rank (as many as a message may list), so
+    that an explanation naming the smallest slots whether shared or not misses the
+    shared one."""
+    rules = ref.rules
+    covers = [rules.block_sizes[g] * rules.group_cp[g] for g in range(rules.num_groups)]
+    fits = min(w // m * v for w, m, v in zip(rules.width, rules.m, covers))
+    n = max(1, min(_LOWER_TOKENS, most, fits))
+    return [[_LOWER_ID + j for j in range(-(-n // v))] for v in covers], n
 
 
 def _block_twice_in_one_row(

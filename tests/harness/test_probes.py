@@ -20,6 +20,7 @@ from tests.wrong_impls.catalogue_contract import (
     OursIntegrityNamesEveryRowStale,
     OursIntegrityNamesMatchingGroups,
     OursIntegrityNamesSlotsBelowNone,
+    OursIntegrityNamesSortedNeighbours,
     OursIntegrityNeverOn,
     OursIntegrityNullBlockOneSlotLong,
     OursIntegrityStaleCancels,
@@ -162,14 +163,22 @@ def test_a_slot_shared_at_block_1_must_be_reported(preset):
     assert "a shared slot at block 1" in found[0].what
 
 
-@pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])
-def test_a_slot_shared_above_an_unshared_one_must_be_named(preset):
+@pytest.mark.parametrize(
+    ("preset", "rank"), [("mutation-cp1", 0), ("cp2-i1", 0), ("cp2-i1", 1)], ids=str
+)
+@pytest.mark.parametrize(
+    "impl",
+    [OursIntegrityNamesSlotsBelowNone, OursIntegrityNamesSortedNeighbours],
+    ids=["compared-with-the-smallest", "eight-smallest-named"],
+)
+def test_a_slot_shared_above_unshared_ones_must_be_named(impl, preset, rank):
     """Rows 0 and 1 share slots above row 2's own: an explanation that compares every slot
-    with the group's smallest finds no pair, so the error it raises names no shared slot."""
-    found = _findings(OursIntegrityNamesSlotsBelowNone, preset, ranks=[0])
+    with the group's smallest finds no pair, one that takes every sorted neighbour as a
+    pair names eight of row 2's; neither names a shared slot."""
+    found = _findings(impl, preset, ranks=[rank])
     assert [v.check for v in found] == [10], [v.describe() for v in found]
-    assert "above row 2's own, the smallest" in found[0].what
-    assert found[0].actual == "RuntimeError: compute_slot_mappings: "
+    assert "of row 2, the smallest" in found[0].what
+    assert "RuntimeError: compute_slot_mappings: " in found[0].actual
 
 
 @pytest.mark.parametrize("preset", ["mutation", "cp3-no-power-of-two"])

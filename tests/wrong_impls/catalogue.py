@@ -21,6 +21,7 @@ from .catalogue_contract import (
     OursIntegrityNamesEveryRowStale,
     OursIntegrityNamesMatchingGroups,
     OursIntegrityNamesSlotsBelowNone,
+    OursIntegrityNamesSortedNeighbours,
     OursIntegrityNeverOn,
     OursIntegrityNullBlockOneSlotLong,
     OursIntegrityStaleCancels,
@@ -185,6 +186,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_unit_block_span_without_cp": _entry(OursUnitBlockSpanWithoutCp, 9),
     "ours_gather_rows_by_batch": _entry(OursGatherRowsByBatch, 9),
     "ours_full_buffer_loses_its_last_token": _entry(OursFullBufferLosesItsLastToken, 9),
+    "ours_integrity_names_sorted_neighbours": _entry(OursIntegrityNamesSortedNeighbours, 10),
 }
 """name -> (`--impl` spec, the check that must report it)."""
 
@@ -266,6 +268,7 @@ CAUGHT_BY: dict[str, str] = {
     "ours_unit_block_span_without_cp": "cp2-unit-blocks",
     "ours_gather_rows_by_batch": "groups-6",
     "ours_full_buffer_loses_its_last_token": "cp2-past-2-31",
+    "ours_integrity_names_sorted_neighbours": "cp2-i1",
 }
 """name -> the preset of the default sweep that catches it first, in the sweep's order.
 

@@ -296,6 +296,26 @@ class OursIntegrityNamesSlotsBelowNone(BlockTables):
         raise integrity.IntegrityError("compute_slot_mappings: " + "; ".join(named))
 
 
+class OursIntegrityNamesSortedNeighbours(BlockTables):
+    """The slot check's explanation takes every live slot no smaller than its neighbour in
+    sorted order as shared (`>=` for `==`): it names each group's eight smallest live
+    slots, shared or not, so a slot shared above eight unshared ones is counted and never
+    named."""
+
+    def _check_slots(self, buf, query_start_loc, idx_mapping, positions, num_tokens_padded):
+        floors = self._null_slot_floors
+        view = buf[:, :num_tokens_padded]
+        if not int(integrity.count_slot_mapping_faults(view, query_start_loc, floors)):
+            return
+        num_tokens = int(query_start_loc[-1])
+        named = []
+        for g, row in enumerate(view[:, :num_tokens].cpu()):
+            live = row[row >= int(floors[g])].sort().values
+            shared = live[1:][live[1:] >= live[:-1]]
+            named += [f"group {g}: slot {int(x)} is shared" for x in shared[:8]]
+        raise integrity.IntegrityError("compute_slot_mappings: " + "; ".join(named))
+
+
 class OursIntegrityEntryByParity(BlockTables):
     """The slot check's explanation finds a token's batch entry as the parity of its
     search: it misnames entries in batches of two or three requests, and raises
