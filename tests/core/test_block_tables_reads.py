@@ -443,3 +443,14 @@ def test_the_compiled_gather_of_wide_tables_takes_512_columns(max_width):
     rows, constants = gather._gather_meta(False, max_width, True, 0)
     assert (rows, constants["ROWS"], constants["COLS"]) == (4, 4, 512)
     assert "tt.store" in _compiled_gather_ttir(constants)
+
+
+@needs_cuda_backend
+@pytest.mark.parametrize("mask_window", [False, True], ids=["no-window", "sliding-window"])
+def test_the_compiled_gather_of_one_column_tables_takes_2048_rows(mask_window):
+    """Tables one column wide (`max_num_blocks_per_group` 1, kernel blocks the size of the
+    blocks) give a GPU's program 2048 rows x 1 column: the whole budget, still a power of
+    two (the extent of `tl.arange`), so the kernel builds for Hopper."""
+    rows, constants = gather._gather_meta(False, 1, mask_window, 0)
+    assert (rows, constants["ROWS"], constants["COLS"]) == (2048, 2048, 1)
+    assert "tt.store" in _compiled_gather_ttir(constants)
