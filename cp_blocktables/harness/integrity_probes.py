@@ -206,11 +206,12 @@ def probe_integrity(
             cp_rank,
             (str(row), str(CUT_ROWS)),
         )
-    if n >= 2:
+    for falling in (False, True)[: 2 * (n >= 2)]:
         found += _expect_error(  # row 0: a check comparing the sources with themselves is blind
-            "gather_block_tables of row 0 into one out tensor given for every group (a gathered "
-            "row that differs from its source, counts all published)",
-            lambda: aliased_gather(factory, args, kwargs, ref, 0),
+            "gather_block_tables of row 0 into one out tensor given for every group, their "
+            f"block ids {'falling' if falling else 'rising'} with the group (a gathered row "
+            "that differs from its source, counts all published)",
+            lambda falling=falling: aliased_gather(factory, args, kwargs, ref, 0, falling),
             cp_rank,
             ("0",),
             refusal_ok=True,

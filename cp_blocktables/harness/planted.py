@@ -140,20 +140,28 @@ def stale_into_dirty_out(
 
 
 def aliased_gather(
-    factory: Callable, args: list, kwargs: dict, ref: ReferenceBlockTables, row: int
+    factory: Callable,
+    args: list,
+    kwargs: dict,
+    ref: ReferenceBlockTables,
+    row: int,
+    falling: bool = False,
 ) -> Callable[[], object]:
     """`row` holds a different block in every group, applied; the gather's `out` names one
     tensor for all groups, so one group's copy overwrites another's: a gathered row differs
     from its source while every count is published. Only the entry comparison of SPEC.md 8.3
-    sees it (a refusal of the aliased `out` up front is fine too)."""
+    sees it (a refusal of the aliased `out` up front is fine too).
+
+    The groups' first kernel ids rise with the group, or fall (`falling`): whichever group's
+    copy lands last, in one of the two orders the others read ids smaller than their own,
+    so a comparison that counts only larger gathered entries misses it there."""
     rules, device = ref.rules, args[4]
-    first, ids = set(), []
-    for m in rules.m:  # the groups' first kernel ids must differ pairwise
-        b = SHARED_ID + len(ids)
-        while b * m in first:
-            b += 1
-        first.add(b * m)
-        ids.append([b])
+    ids: list = [None] * rules.num_groups
+    top = -1  # the largest first kernel id so far: each group's must pass it
+    order = range(rules.num_groups)
+    for g in reversed(order) if falling else order:
+        b = max(SHARED_ID, top // rules.m[g] + 1)
+        ids[g], top = [b], b * rules.m[g]
     impl = filled(factory, args, kwargs, {row: ids})
     shared = torch.zeros((1, max(rules.width)), dtype=torch.int32, device=device)
     idx = i32([row], device)

@@ -109,6 +109,7 @@ INTEGRITY = {
     "ours_integrity_names_dummy_rows",
     "ours_integrity_stale_cancels",
     "ours_integrity_names_sorted_neighbours",
+    "ours_integrity_counts_only_larger_entries",
 }
 # A CP size or a kernel-block ratio that is no power of two takes the sweep's
 # `cp3-no-power-of-two`, exactly two groups its `cp2-past-2-31`, 257 groups and a group of

@@ -355,13 +355,14 @@ class _CountsOnly(BlockTables):
 @pytest.mark.parametrize("preset", ["mutation-cp1", "cp2-i1"])
 def test_a_gather_check_that_misses_a_wrong_row_is_check_10(preset):
     """An `out` tensor shared by groups: rows differ from their sources, counts are right.
-    Both aliased gathers (every group; groups 1 and 2 alone) see it."""
+    The aliased gathers (every group, ids rising and falling; groups 1 and 2 alone) see it."""
     found = _findings(_CountsOnly, preset, ranks=[0])
-    assert [(v.check, v.actual) for v in found] == [(10, "no error")] * 2, [
+    assert [(v.check, v.actual) for v in found] == [(10, "no error")] * 3, [
         v.describe() for v in found
     ]
-    assert "one out tensor given for every group" in found[0].what
-    assert "one out tensor given for groups 1 and 2" in found[1].what
+    assert "one out tensor given for every group, their block ids rising" in found[0].what
+    assert "one out tensor given for every group, their block ids falling" in found[1].what
+    assert "one out tensor given for groups 1 and 2" in found[2].what
 
 
 class _VagueGatherIntegrity(BlockTables):

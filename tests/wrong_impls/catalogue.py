@@ -15,6 +15,7 @@ from __future__ import annotations
 from .catalogue_contract import (
     InterleaveNotChecked,
     KernelBlocksNotChecked,
+    OursIntegrityCountsOnlyLargerEntries,
     OursIntegrityEntryByParity,
     OursIntegrityNamesCutRows,
     OursIntegrityNamesDummyRows,
@@ -187,6 +188,7 @@ CATALOGUE: dict[str, tuple[str, int]] = {
     "ours_gather_rows_by_batch": _entry(OursGatherRowsByBatch, 9),
     "ours_full_buffer_loses_its_last_token": _entry(OursFullBufferLosesItsLastToken, 9),
     "ours_integrity_names_sorted_neighbours": _entry(OursIntegrityNamesSortedNeighbours, 10),
+    "ours_integrity_counts_only_larger_entries": _entry(OursIntegrityCountsOnlyLargerEntries, 10),
 }
 """name -> (`--impl` spec, the check that must report it)."""
 
@@ -269,6 +271,7 @@ CAUGHT_BY: dict[str, str] = {
     "ours_gather_rows_by_batch": "groups-6",
     "ours_full_buffer_loses_its_last_token": "cp2-past-2-31",
     "ours_integrity_names_sorted_neighbours": "cp2-i1",
+    "ours_integrity_counts_only_larger_entries": "cp2-i1",
 }
 """name -> the preset of the default sweep that catches it first, in the sweep's order.
 

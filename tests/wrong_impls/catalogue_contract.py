@@ -267,6 +267,25 @@ class OursIntegrityStaleCancels(BlockTables):
         super()._check_gathered(dst, idx_mapping, num_computed_tokens)
 
 
+class OursIntegrityCountsOnlyLargerEntries(BlockTables):
+    """The gather check counts a gathered entry only where it is larger than its source
+    (`>` for `!=`): a row gathered into an `out` that another group's smaller ids overwrote
+    differs downwards only, and passes."""
+
+    def _check_gathered(self, dst, idx_mapping, num_computed_tokens) -> None:
+        rows = idx_mapping.to(torch.int64).clamp(0, self.max_num_reqs - 1)
+        n, raised = rows.shape[0], []
+        for t, src, k, w in zip(
+            dst, self.block_tables, self.kernel_block_sizes, self.sliding_window_reach
+        ):
+            width = src.gpu.shape[1]
+            expected = integrity._expected_rows(src.gpu, rows, k, w, num_computed_tokens)
+            up = t.clone()
+            up[:n, :width] = torch.maximum(t[:n, :width], expected.to(t.dtype))
+            raised.append(up)
+        super()._check_gathered(raised, idx_mapping, num_computed_tokens)
+
+
 class OursIntegrityNullBlockOneSlotLong(BlockTables):
     """The slot check takes the null block to end one slot late: two tokens sharing block 1's
     first slot, the first past the null block's, are never reported."""
