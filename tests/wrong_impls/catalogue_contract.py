@@ -297,9 +297,13 @@ class OursIntegrityNullBlockOneSlotLong(BlockTables):
         )
 
 
-class OursIntegrityNamesSlotsBelowNone(BlockTables):
-    """The slot check's explanation compares each group's live slots with the smallest one
-    only: a slot shared above an unshared one is counted, and the error names no slot."""
+class _OursNamesSharedSlots(BlockTables):
+    """The slot check counts right, and its explanation names, eight a group, the live slots
+    that `_shared` picks from each group's sorted live slots."""
+
+    @staticmethod
+    def _shared(live: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def _check_slots(self, buf, query_start_loc, idx_mapping, positions, num_tokens_padded):
         floors = self._null_slot_floors
@@ -310,29 +314,28 @@ class OursIntegrityNamesSlotsBelowNone(BlockTables):
         named = []
         for g, row in enumerate(view[:, :num_tokens].cpu()):
             live = row[row >= int(floors[g])].sort().values
-            shared = live[1:][live[1:] == live[:1]]
-            named += [f"group {g}: slot {int(x)} is shared" for x in shared[:8]]
+            named += [f"group {g}: slot {int(x)} is shared" for x in self._shared(live)[:8]]
         raise integrity.IntegrityError("compute_slot_mappings: " + "; ".join(named))
 
 
-class OursIntegrityNamesSortedNeighbours(BlockTables):
+class OursIntegrityNamesSlotsBelowNone(_OursNamesSharedSlots):
+    """The slot check's explanation compares each group's live slots with the smallest one
+    only: a slot shared above an unshared one is counted, and the error names no slot."""
+
+    @staticmethod
+    def _shared(live: torch.Tensor) -> torch.Tensor:
+        return live[1:][live[1:] == live[:1]]
+
+
+class OursIntegrityNamesSortedNeighbours(_OursNamesSharedSlots):
     """The slot check's explanation takes every live slot no smaller than its neighbour in
     sorted order as shared (`>=` for `==`): it names each group's eight smallest live
     slots, shared or not, so a slot shared above eight unshared ones is counted and never
     named."""
 
-    def _check_slots(self, buf, query_start_loc, idx_mapping, positions, num_tokens_padded):
-        floors = self._null_slot_floors
-        view = buf[:, :num_tokens_padded]
-        if not int(integrity.count_slot_mapping_faults(view, query_start_loc, floors)):
-            return
-        num_tokens = int(query_start_loc[-1])
-        named = []
-        for g, row in enumerate(view[:, :num_tokens].cpu()):
-            live = row[row >= int(floors[g])].sort().values
-            shared = live[1:][live[1:] >= live[:-1]]
-            named += [f"group {g}: slot {int(x)} is shared" for x in shared[:8]]
-        raise integrity.IntegrityError("compute_slot_mappings: " + "; ".join(named))
+    @staticmethod
+    def _shared(live: torch.Tensor) -> torch.Tensor:
+        return live[1:][live[1:] >= live[:-1]]
 
 
 class OursIntegrityEntryByParity(BlockTables):
