@@ -19,13 +19,20 @@ import torch
 
 from .integrity_probes import probe_reference
 from .legal_probes import maps_as_reference
-from .planted import i32, i64
+from .planted import filled, i32, i64
 from .violations import Violation
 
 _SHORT_REQUEST = 40  # the most tokens of each request of the buffer-length probe's step
 _SHORT_PAD = 8  # the padded tokens past that step's batch
 _SHORT_START = 3  # where a probe's request starts: inside its first block
 _FULL_MOST = 2**14  # the largest buffer the full-buffer probe fills (seconds past it on CPU)
+
+
+def _blocks_a_row(args: list, kwargs: dict, cp_rank: int, positions: int) -> list[int]:
+    """`[groups]`: the blocks a row needs to hold positions `[0, positions)` in each group."""
+    rules = probe_reference(args, kwargs, cp_rank).rules
+    spans = [b * c for b, c in zip(args[0], rules.group_cp)]  # each group's virtual block
+    return [-(-positions // v) for v in spans]
 
 
 def probe_buffer_lengths(
@@ -44,9 +51,7 @@ def probe_buffer_lengths(
     n = min(_SHORT_REQUEST, (own_len - _SHORT_PAD) // 2)
     if not block_sizes or max_num_reqs < 2 or n < 1:
         return []
-    rules = probe_reference(args, kwargs, cp_rank).rules
-    spans = [b * c for b, c in zip(block_sizes, rules.group_cp)]  # each group's virtual block
-    needed = [-(-(_SHORT_START + n) // v) for v in spans]  # [groups]: blocks a row
+    needed = _blocks_a_row(args, kwargs, cp_rank, _SHORT_START + n)
     rows = [tuple(list(range(1 + r * m, 1 + (r + 1) * m)) for m in needed) for r in (0, 1)]
     idx, qsl = [1, 0], [0, n, 2 * n]
     positions = [*range(n), *range(_SHORT_START, _SHORT_START + n)]  # row 1, then row 0
@@ -58,10 +63,8 @@ def probe_buffer_lengths(
 
     def mapped(length: int) -> Callable[[], torch.Tensor]:
         def call() -> torch.Tensor:
-            impl = factory(block_sizes, max_num_reqs, length, needed, device, **kwargs)
-            for r, ids in enumerate(rows):
-                impl.append_block_ids(r, ids, True)
-            impl.apply_staged_writes()
+            sized = [block_sizes, max_num_reqs, length, needed, device]
+            impl = filled(factory, sized, kwargs, dict(enumerate(rows)))
             batch = i32(idx, device), i32(qsl, device), i64(positions, device)
             return impl.compute_slot_mappings(*batch, padded)
 
@@ -104,48 +107,44 @@ def probe_full_buffer(
     block_sizes, max_num_reqs, length, _, device = args
     if not block_sizes or not 2 <= length <= _FULL_MOST:
         return []
-    rules = probe_reference(args, kwargs, cp_rank).rules
-    spans = [b * c for b, c in zip(block_sizes, rules.group_cp)]  # each group's virtual block
-    needed = [-(-(_SHORT_START + length) // v) for v in spans]  # [groups]: blocks of row 0
-    ids = tuple(list(range(1, m + 1)) for m in needed)
-    ref = probe_reference([block_sizes, max_num_reqs, length, needed, device], kwargs, cp_rank)
-    ref.append_block_ids(0, ids, True)
-    steps = [  # (what, idx_mapping, query_start_loc): the control first
-        ("one token short of the buffer", [0], [0, length - 1]),
-        ("filling the buffer", [0], [0, length]),
-        ("filling the buffer, then an empty entry", [0, 1], [0, length, length]),
-    ][: 2 + (max_num_reqs > 1)]
+    needed = _blocks_a_row(args, kwargs, cp_rank, _SHORT_START + length)
+    sized = [block_sizes, max_num_reqs, length, needed, device]
+    ids = {0: [list(range(1, m + 1)) for m in needed]}  # row 0
+    ref = probe_reference(sized, kwargs, cp_rank)
+    ref.append_block_ids(0, tuple(ids[0]), True)
 
-    def mapped(idx: list, qsl: list, through_fused: bool) -> Callable[[], torch.Tensor]:
+    def step(idx: list, qsl: list, through_fused: bool) -> tuple[Callable, list]:
+        """The call mapping batch `idx`/`qsl` on a fresh instance, and its expected slots."""
+        positions = range(_SHORT_START, _SHORT_START + qsl[-1])
+        want = ref.slot_mappings(idx, qsl, list(positions), length).tolist()  # [groups, length]
+
         def call() -> torch.Tensor:
-            impl = factory(block_sizes, max_num_reqs, length, needed, device, **kwargs)
-            impl.append_block_ids(0, ids, True)
-            impl.apply_staged_writes()
-            positions = i64(range(_SHORT_START, _SHORT_START + qsl[-1]), device)
-            batch = i32(idx, device), i32(qsl, device), positions, length
+            impl = filled(factory, sized, kwargs, ids)
+            batch = i32(idx, device), i32(qsl, device), i64(positions, device), length
             if through_fused:
                 return impl.gather_and_compute_slot_mappings(batch[0], len(idx), *batch[1:])[1]
             return impl.compute_slot_mappings(*batch)
 
-        return call
+        return call, want
 
+    control, want = step([0], [0, length - 1], False)  # one token short of the buffer
+    try:
+        if control().tolist() != want:
+            return []
+    except Exception:  # noqa: BLE001 - the control fails: the workload's finding
+        return []
+    steps = [("filling the buffer", [0], [0, length], False)]
+    if max_num_reqs > 1:
+        steps += [
+            ("filling the buffer, then an empty entry", [0, 1], [0, length, length], f)
+            for f in (False, True)[: 1 + fused]
+        ]
     found = []
-    for n, (what, idx, qsl) in enumerate(steps):
-        positions = range(_SHORT_START, _SHORT_START + qsl[-1])
-        want = ref.slot_mappings(idx, qsl, list(positions), length).tolist()  # [groups, length]
-        for through_fused in (False, True)[: 1 + (fused and n == len(steps) - 1)]:
-            call = mapped(idx, qsl, through_fused)
-            label = (
-                f"{'gather_and_' if through_fused else ''}compute_slot_mappings of one request "
-                f"of {qsl[1]} tokens {what} (max_num_batched_tokens {length}, positions from "
-                f"{_SHORT_START}: legal)"
-            )
-            if n == 0:
-                try:
-                    if call().tolist() != want:
-                        return []
-                except Exception:  # noqa: BLE001 - the control fails: the workload's finding
-                    return []
-            else:
-                found += maps_as_reference(label, call, want, cp_rank, controls=0)
+    for what, idx, qsl, through_fused in steps:
+        label = (
+            f"{'gather_and_' if through_fused else ''}compute_slot_mappings of one request "
+            f"of {length} tokens {what} (max_num_batched_tokens {length}, positions from "
+            f"{_SHORT_START}: legal)"
+        )
+        found += maps_as_reference(label, *step(idx, qsl, through_fused), cp_rank, controls=0)
     return found

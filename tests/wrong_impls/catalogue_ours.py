@@ -89,39 +89,47 @@ class OursFullBufferLosesItsLastToken(BlockTables):
     `other=-1` would: its programs reach the buffer rounded up to 32 tokens, so where
     entry 0 fills that reach its last token keeps what the buffer held."""
 
-    def _lost(self, idx_mapping, query_start_loc, num_tokens_padded) -> int | None:
+    def _keep_lost_token(self, dest, idx_mapping, query_start_loc, num_tokens_padded):
+        """What `dest` holds at the lost token, and a function that puts it back."""
         num_reqs = idx_mapping.shape[0]
-        if not 0 < num_reqs <= 8 or num_tokens_padded > 64 * num_reqs:
-            return None
         reach = 32 * -(-min(self.max_num_batched_tokens, 8192) // 32)
-        return reach - 1 if int(query_start_loc[1]) == reach else None
+        lost = (
+            0 < num_reqs <= 8
+            and num_tokens_padded <= 64 * num_reqs
+            and int(query_start_loc[1]) == reach
+        )
+        held = dest[:, reach - 1].clone() if lost else None
+
+        def restore(slots):
+            if held is not None:
+                slots[:, reach - 1] = held
+            return slots
+
+        return restore
 
     def compute_slot_mappings(
         self, idx_mapping, query_start_loc, positions, num_tokens_padded, out=None
     ):
         dest = self.slot_mappings if out is None else out
-        last = self._lost(idx_mapping, query_start_loc, num_tokens_padded)
-        held = None if last is None else dest[:, last].clone()
-        slots = super().compute_slot_mappings(
-            idx_mapping, query_start_loc, positions, num_tokens_padded, out
+        restore = self._keep_lost_token(dest, idx_mapping, query_start_loc, num_tokens_padded)
+        return restore(
+            super().compute_slot_mappings(
+                idx_mapping, query_start_loc, positions, num_tokens_padded, out
+            )
         )
-        if held is not None:
-            slots[:, last] = held
-        return slots
 
     def gather_and_compute_slot_mappings(
         self, idx_mapping, num_reqs_padded, query_start_loc, positions, num_tokens_padded,
         num_computed_tokens=None,
     ):  # fmt: skip
-        last = self._lost(idx_mapping, query_start_loc, num_tokens_padded)
-        held = None if last is None else self.slot_mappings[:, last].clone()
+        restore = self._keep_lost_token(
+            self.slot_mappings, idx_mapping, query_start_loc, num_tokens_padded
+        )
         tables, slots = super().gather_and_compute_slot_mappings(
             idx_mapping, num_reqs_padded, query_start_loc, positions, num_tokens_padded,
             num_computed_tokens,
         )  # fmt: skip
-        if held is not None:
-            slots[:, last] = held
-        return tables, slots
+        return tables, restore(slots)
 
 
 class OursUnitBlockSpanWithoutCp(_OursPadsWhereSpansFitInt32):
