@@ -322,6 +322,26 @@ def test_pool_refuses_rows_of_the_wrong_shape():
     assert pool.copy_to_uva(torch.ones((2, 3), dtype=torch.int64)).sum() == 6
 
 
+@pytest.mark.parametrize("kind", ["array", "tensor"])
+@pytest.mark.parametrize(
+    ("shape", "rows"),
+    [
+        pytest.param((2, 2), r"\(2,\)", id="narrower"),
+        pytest.param((2, 4), r"\(4,\)", id="wider"),
+        pytest.param((2, 3, 1), r"\(3, 1\)", id="deeper"),
+        pytest.param((2,), r"\(\)", id="flatter"),
+    ],
+)
+def test_pool_refuses_rows_of_any_other_shape(shape, rows, kind):
+    """Rows wider or deeper than the pool's are refused by the pool's own message, as
+    narrower ones are, not left to numpy's or torch's broadcasting error."""
+    pool = UvaBufferPool((4, 3), torch.int64, device="cpu")
+    zeros = np.zeros if kind == "array" else torch.zeros
+    x = zeros(shape, dtype=np.int64 if kind == "array" else torch.int64)
+    with pytest.raises(ValueError, match=rf"^copy_to_uva: rows of shape {rows} for a pool of rows"):
+        pool.copy_to_uva(x)
+
+
 @pytest.mark.parametrize("n", [-1, 5, 1.5])
 def test_uva_tensor_publish_count_must_be_a_row_count(n):
     t = UvaBackedTensor((4, 2), torch.int32, device="cpu")

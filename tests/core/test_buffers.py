@@ -229,6 +229,22 @@ def test_pool_copy_to_gpu_is_a_device_copy(torch_device):
     assert fresh.device.type == torch_device.type and fresh.tolist() == [7.0]
 
 
+@pytest.mark.parametrize("kind", ["array", "tensor"])
+def test_a_one_dimensional_pool_publishes_arrays_and_tensors(torch_device, kind):
+    """SPEC.md 4: a pool whose `size` is an int has rows of shape (); an array or tensor of
+    such rows is published, not refused as rows of another shape."""
+    pool = UvaBufferPool(4, torch.int64, device=torch_device)
+    rows = np.arange(3) if kind == "array" else torch.arange(3)
+    assert pool.copy_to_uva(rows).tolist() == [0, 1, 2]
+
+
+def test_a_one_dimensional_uva_backed_tensor_publishes(torch_device):
+    t = UvaBackedTensor(3, torch.int32, device=torch_device)
+    t.np[:] = [4, 5, 6]
+    t.copy_to_uva()
+    assert t.gpu.tolist() == [4, 5, 6]
+
+
 def test_uva_backed_tensor_publishes_snapshots(torch_device):
     t = UvaBackedTensor((2, 3), torch.int32, device=torch_device)
     t.np[1, 2] = 5
