@@ -917,6 +917,7 @@ def test_a_layout_table_on_another_device_is_refused(torch_device):
         pytest.param("cuda", "cuda:1", True, id="cuda-takes-cuda:1"),
         pytest.param("cuda:1", "cuda:1", True, id="cuda:1-takes-cuda:1"),
         pytest.param("cuda:1", "cuda:0", False, id="cuda:1-refuses-cuda:0"),
+        pytest.param("cuda:1", "cuda:3", False, id="cuda:1-refuses-cuda:3"),
         pytest.param("cuda", "cpu", False, id="cuda-refuses-cpu"),
         pytest.param("cpu", "cpu", True, id="cpu-takes-cpu"),
         pytest.param("cpu:0", "cpu", True, id="cpu:0-takes-cpu"),
@@ -926,8 +927,9 @@ def test_a_layout_table_on_another_device_is_refused(torch_device):
 )
 def test_the_device_rule_of_the_guards(device, tensor_on, same):
     """`cuda` without an index takes a tensor on any CUDA device (the caller set the current
-    one), `cuda:i` only those on `cuda:i`. A stand-in holding only `.device` plays the CUDA
-    tensor, so the rule that a GPU run applies to every table is checked on any machine."""
+    one), `cuda:i` only those on `cuda:i`, refusing lower and higher indices alike. A
+    stand-in holding only `.device` plays the CUDA tensor, so the rule that a GPU run applies
+    to every table is checked on any machine."""
     t = SimpleNamespace(device=torch.device(tensor_on))
     assert guards.same_device(t, torch.device(device)) is same
 

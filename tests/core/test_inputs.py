@@ -142,6 +142,16 @@ def bt() -> BlockTables:
             id="2-d-positions",
         ),
         pytest.param(
+            lambda t: t.gather_block_tables(I32(1, 0, 0, 0)[::2], 2),
+            r"idx_mapping must be contiguous$",
+            id="strided-idx",
+        ),
+        pytest.param(
+            lambda t: t.compute_slot_mappings(I32(1), I32(0, 0, 2, 2)[::2], I64(0, 1), 2),
+            r"query_start_loc must be contiguous$",
+            id="strided-query-start-loc",
+        ),
+        pytest.param(
             lambda t: t.gather_block_tables([1], 1),
             r"idx_mapping must be a torch.Tensor, got list$",
             id="list-idx",

@@ -228,3 +228,28 @@ def test_layout_tensors_are_rebuilt_from_host_config(torch_device):
     assert bt.input_block_table_ptrs.tolist() == [x.data_ptr() for x in bt.input_block_tables]
     assert all(int(x.abs().sum()) == 0 for x in bt.input_block_tables)
     assert (bt.slot_mappings == -1).all()
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "dtype"),
+    [
+        pytest.param("block_table_widths", (3, 1), torch.int32, id="widths-of-another-shape"),
+        pytest.param("block_table_widths", (3,), torch.int64, id="widths-of-another-dtype"),
+        pytest.param("block_table_ptrs", (2,), torch.uint64, id="ptrs-too-short"),
+    ],
+)
+def test_a_derived_tensor_that_no_longer_fits_is_built_anew(torch_device, name, shape, dtype):
+    """docs/contract-notes.md (wake-up): every derived tensor is rewritten in place *where
+    it exists and fits*. One replaced by a tensor of another shape (same dtype) or another
+    dtype (same shape) does not fit: `init_block_table_layout_tensors()` builds it anew, as
+    a fresh instance has it, instead of copying into the replacement."""
+    bt = BlockTables(device=torch_device, **CONFIG)
+    setattr(bt, name, torch.zeros(shape, dtype=dtype, device=torch_device))
+    bt.init_block_table_layout_tensors()
+    fresh = BlockTables(device=torch_device, **CONFIG)
+    got, want = getattr(bt, name), getattr(fresh, name)
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    if name == "block_table_ptrs":
+        assert got.tolist() == [x.gpu.data_ptr() for x in bt.block_tables]
+    else:
+        assert torch.equal(got, want)

@@ -176,6 +176,27 @@ def _write_pools(owner) -> list:
     ]
 
 
+@pytest.mark.parametrize(
+    ("size", "rows"),
+    [
+        pytest.param(6, 6, id="1-d"),
+        pytest.param((3, 8), 3, id="fewer-rows-than-columns"),
+        pytest.param((5, 2), 5, id="more-rows-than-columns"),
+        pytest.param((4, 0), 4, id="no-columns"),
+    ],
+)
+def test_num_rows_is_the_first_dimension_and_sizes_the_write_pools(torch_device, size, rows):
+    """`num_rows` is the number of rows a staged write may name (`gpu.shape[0]`, whatever
+    the width), and the tensor's write pools start with room for one write per row: `rows`,
+    `starts` and `tensor_ids` of `rows` entries, `cu_lens` of one more, the contents pool
+    the next power of two (pools grow when asked for more, so this is the starting size)."""
+    t = StagedWriteTensor(size, torch.int32, torch_device)
+    assert t.num_rows == rows
+    contents = 1 << (rows - 1).bit_length()
+    expected = [(rows,), (rows,), (rows,), (rows + 1,), (contents,)]
+    assert [pool.size for pool in _write_pools(t)] == expected
+
+
 def test_fused_writer_rotates_two_staging_buffers_by_default(torch_device):
     """`max_concurrency` is the project's extension of SPEC.md 4's `FusedStagedWriter(device,
     max_writes)`, defaulting to 2 as `UvaBufferPool` does (`BlockTables` builds its writer
